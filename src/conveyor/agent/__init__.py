@@ -1,0 +1,1 @@
+"""The agent: the tool-calling loop, hints, context management, tools, chat rendering."""

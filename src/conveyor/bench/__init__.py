@@ -1,0 +1,1 @@
+"""Benchmarks: measure the dispatcher (and later the engine and trainer) against baselines."""

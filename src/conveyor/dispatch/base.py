@@ -1,0 +1,433 @@
+"""What every strategy shares: the rollout lifecycle, fault isolation and the output stream.
+
+A strategy decides only *when* each stage of each rollout runs (`_schedule`). The lifecycle of one
+rollout is fixed here, so every strategy has the same guarantees:
+
+- init/reward failures and overruns, engine and runtime failures are infrastructure faults: the
+  runtime is closed and the whole rollout starts again from init with a fresh runtime, up to
+  `max_infra_retries` times, then it is recorded as `infra_error`;
+- a run-stage overrun is the policy's: status `timeout`, still scored by the reward stage;
+- at most `max_live_runtimes` runtimes are alive at once, counted from init start to close end;
+- every runtime is closed, on success, failure and cancellation, and every scheduled rollout is
+  yielded exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, ClassVar, Protocol
+
+from conveyor.dispatch.config import DispatchSettings
+from conveyor.dispatch.limiter import AdjustableLimit
+from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.telemetry import Telemetry
+from conveyor.runtime.base import Runtime
+from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
+
+logger = logging.getLogger(__name__)
+
+
+class EngineProbe(Protocol):
+    """What the dispatcher may read from the engine: requests in flight (any `SamplingClient`)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet answered."""
+        ...
+
+
+class Stage(IntEnum):
+    """The three stages of a rollout, in order."""
+
+    INIT = 0
+    RUN = 1
+    REWARD = 2
+
+
+@dataclass(slots=True)
+class RolloutJob:
+    """One scheduled rollout while the dispatcher holds it; dropped once its record is yielded."""
+
+    task: Task
+    sample_index: int
+    seq: int
+    attempt: int = 0
+    runtime: Runtime | None = None
+    trajectory: Trajectory | None = None
+    next_stage: Stage | None = Stage.INIT
+    ready_at: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _InfraFault(Exception):
+    """An infrastructure failure of one stage of one attempt."""
+
+
+@dataclass(slots=True)
+class _Crash:
+    error: BaseException
+
+
+class Dispatcher:
+    """Schedules the init, run and reward stages of many rollouts; subclasses pick the order.
+
+    Use `rollouts()` to get trajectories as they finish or `groups()` for whole groups.
+    `pause()` stops admission and the start of new run stages; `drain_run_stage()` then waits
+    until no run stage is in flight (around a weight update); `resume()` continues.
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(
+        self,
+        stages: RolloutStages,
+        settings: DispatchSettings,
+        *,
+        engine: EngineProbe | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.stages = stages
+        self.settings = settings
+        self.engine = engine
+        self.telemetry = telemetry
+        self.live_runtimes = 0
+        self.peak_live_runtimes = 0
+        self.runs_in_flight = 0
+        self._live_limit = AdjustableLimit(settings.max_live_runtimes)
+        self._open: dict[int, Runtime] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._run_idle = asyncio.Event()
+        self._run_idle.set()
+        self._out: asyncio.Queue[Trajectory | _Crash] = asyncio.Queue()
+        self._total = 0
+        self._emitted = 0
+        self._done = asyncio.Event()
+        self._t0 = 0.0
+        self._running = False
+
+    # -- public interface -------------------------------------------------------------------
+
+    async def rollouts(
+        self, tasks: Sequence[Task], samples_per_task: int
+    ) -> AsyncIterator[Trajectory]:
+        """Run `samples_per_task` rollouts of every task; yield each trajectory as it finishes."""
+        if self._running:
+            raise RuntimeError("a dispatcher runs one batch of rollouts at a time")
+        if samples_per_task < 1:
+            raise ValueError(f"samples_per_task must be >= 1, got {samples_per_task}")
+        self._running = True
+        self._reset(len(tasks) * samples_per_task)
+        if self._total == 0:
+            self._running = False
+            return
+        scheduler = self._spawn(self._schedule(self._jobs(tasks, samples_per_task)))
+        scheduler.add_done_callback(self._check_scheduler)
+        if self.telemetry is not None:
+            self._spawn(self._sample_forever(self.telemetry))
+        try:
+            while self._emitted < self._total or not self._out.empty():
+                item = await self._out.get()
+                if isinstance(item, _Crash):
+                    raise RuntimeError("dispatcher failed") from item.error
+                yield item
+                if self._emitted >= self._total and self._out.empty():
+                    break
+        finally:
+            await self._shutdown()
+            self._running = False
+
+    async def groups(
+        self, tasks: Sequence[Task], samples_per_task: int
+    ) -> AsyncIterator[TrajectoryGroup]:
+        """Like `rollouts`, but yield all samples of a task together as soon as the last ends."""
+        pending: dict[str, list[Trajectory]] = {}
+        stream = self.rollouts(tasks, samples_per_task)
+        try:
+            async for trajectory in stream:
+                group = pending.setdefault(trajectory.task_id, [])
+                group.append(trajectory)
+                if len(group) == samples_per_task:
+                    del pending[trajectory.task_id]
+                    group.sort(key=lambda t: t.sample_index)
+                    yield TrajectoryGroup(task_id=trajectory.task_id, trajectories=group)
+        finally:
+            await stream.aclose()
+
+    def pause(self) -> None:
+        """Stop admitting rollouts and starting run stages (in-flight work continues)."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        """Undo `pause()`."""
+        self._gate.set()
+
+    async def drain_run_stage(self) -> None:
+        """Wait until no run stage is in flight; call after `pause()` (e.g. for a weight update)."""
+        if self._gate.is_set():
+            raise RuntimeError("drain_run_stage() needs pause() first, or it may never end")
+        await self._run_idle.wait()
+
+    def queue_depths(self) -> dict[str, float]:
+        """Jobs waiting per stage hand-off queue (strategies with queues override this)."""
+        return {}
+
+    # -- for strategies ---------------------------------------------------------------------
+
+    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        """Drive every job to its record; return once all are emitted (or leave it to `_done`)."""
+        raise NotImplementedError
+
+    def now(self) -> float:
+        """Seconds since this batch of rollouts started, on the running loop's clock."""
+        return asyncio.get_running_loop().time() - self._t0
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Start a task that the dispatcher owns: cancelled at shutdown, a crash is reported."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    async def _admit(self, job: RolloutJob) -> None:
+        """Admission point: waits while paused; stamps the job as admitted."""
+        await self._gate.wait()
+        job.ready_at = self.now()
+        job.timings["admitted"] = job.ready_at
+
+    async def _advance(self, job: RolloutJob, until: Stage | None = None) -> None:
+        """Step `job` until it is finished or its next stage is `until`."""
+        while job.next_stage is not None and job.next_stage != until:
+            job.next_stage = await self._step(job, job.next_stage)
+
+    async def _step(self, job: RolloutJob, stage: Stage) -> Stage | None:
+        """Run one stage of one job; return the next stage (`None` once its record is out)."""
+        try:
+            if stage is Stage.INIT:
+                await self._init(job)
+                return Stage.RUN
+            if stage is Stage.RUN:
+                await self._run(job)
+                return Stage.REWARD
+            await self._reward(job)
+        except _InfraFault as fault:
+            await self._close(job)
+            if job.attempt >= self.settings.max_infra_retries:
+                self._emit_infra_error(job, str(fault))
+                return None
+            job.attempt += 1
+            job.ready_at = self.now()
+            return Stage.INIT
+        await self._close(job)
+        self._emit_finished(job)
+        return None
+
+    # -- the stages -------------------------------------------------------------------------
+
+    async def _init(self, job: RolloutJob) -> None:
+        await self._live_limit.acquire()
+        try:
+            start = self.now()
+            self._add_wait(job, "init_queue_wait", start - job.ready_at)
+            self.live_runtimes += 1
+            self.peak_live_runtimes = max(self.peak_live_runtimes, self.live_runtimes)
+            job.timings["init_start"] = start
+            timeout = asyncio.timeout(self.settings.init_timeout_s)
+            try:
+                async with timeout:
+                    runtime = await self.stages.init(job.task, job.sample_index, job.attempt)
+            except TimeoutError as error:
+                raise _InfraFault(self._describe("init", error, timeout.expired())) from error
+            except Exception as error:
+                raise _InfraFault(self._describe("init", error, False)) from error
+        except BaseException:
+            self._release_live()
+            raise
+        self._open[id(runtime)] = runtime
+        job.runtime = runtime
+        job.ready_at = job.timings["init_end"] = self.now()
+
+    async def _run(self, job: RolloutJob) -> None:
+        await self._gate.wait()
+        assert job.runtime is not None
+        start = self.now()
+        self._add_wait(job, "run_queue_wait", start - job.ready_at)
+        job.timings["run_start"] = start
+        self.runs_in_flight += 1
+        self._run_idle.clear()
+        timeout = asyncio.timeout(self.settings.run_timeout_s)
+        try:
+            async with timeout:
+                trajectory = await self.stages.run(job.task, job.sample_index, job.runtime)
+        except TimeoutError as error:
+            if not timeout.expired():
+                raise _InfraFault(self._describe("run", error, False)) from error
+            trajectory = Trajectory(
+                task_id=job.task.id,
+                sample_index=job.sample_index,
+                status=Status.TIMEOUT,
+                stop_reason="run_timeout",
+                error=f"run stage exceeded {self.settings.run_timeout_s:g}s",
+            )
+        except Exception as error:
+            raise _InfraFault(self._describe("run", error, False)) from error
+        finally:
+            self.runs_in_flight -= 1
+            if self.runs_in_flight == 0:
+                self._run_idle.set()
+        job.trajectory = trajectory
+        job.ready_at = job.timings["run_end"] = self.now()
+
+    async def _reward(self, job: RolloutJob) -> None:
+        assert job.runtime is not None and job.trajectory is not None
+        start = self.now()
+        self._add_wait(job, "reward_queue_wait", start - job.ready_at)
+        job.timings["reward_start"] = start
+        timeout = asyncio.timeout(self.settings.reward_timeout_s)
+        try:
+            async with timeout:
+                job.trajectory = await self.stages.reward(job.task, job.trajectory, job.runtime)
+        except TimeoutError as error:
+            raise _InfraFault(self._describe("reward", error, timeout.expired())) from error
+        except Exception as error:
+            raise _InfraFault(self._describe("reward", error, False)) from error
+        job.ready_at = job.timings["reward_end"] = self.now()
+
+    async def _close(self, job: RolloutJob) -> None:
+        runtime, job.runtime = job.runtime, None
+        if runtime is None:
+            return
+        try:
+            await runtime.close()
+        except asyncio.CancelledError:
+            raise  # it stays in `_open`; shutdown closes it again (close is idempotent)
+        except Exception:
+            logger.warning("closing a runtime failed", exc_info=True)
+        if self._open.pop(id(runtime), None) is not None:
+            self._release_live()
+
+    # -- records ----------------------------------------------------------------------------
+
+    def _emit_finished(self, job: RolloutJob) -> None:
+        assert job.trajectory is not None
+        trajectory = job.trajectory
+        job.timings["finished"] = self.now()
+        self._emit(
+            trajectory.model_copy(
+                update={
+                    "timings": {**trajectory.timings, **job.timings},
+                    "counters": {**trajectory.counters, "infra_retries": job.attempt},
+                }
+            ),
+            job,
+        )
+
+    def _emit_infra_error(self, job: RolloutJob, error: str) -> None:
+        job.timings["finished"] = self.now()
+        record = Trajectory(
+            task_id=job.task.id,
+            sample_index=job.sample_index,
+            status=Status.INFRA_ERROR,
+            stop_reason="infra_retries_exhausted",
+            error=error,
+            timings=dict(job.timings),
+            counters={"infra_retries": job.attempt},
+        )
+        self._emit(record, job)
+
+    def _emit(self, trajectory: Trajectory, job: RolloutJob) -> None:
+        job.trajectory = None
+        self._emitted += 1
+        if self.telemetry is not None:
+            self.telemetry.record(trajectory)
+        self._out.put_nowait(trajectory)
+        if self._emitted >= self._total:
+            self._done.set()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _reset(self, total: int) -> None:
+        self._t0 = asyncio.get_running_loop().time()
+        self._total = total
+        self._emitted = 0
+        self._done = asyncio.Event()
+        self._out = asyncio.Queue()
+        self.peak_live_runtimes = self.live_runtimes
+
+    def _jobs(self, tasks: Sequence[Task], samples: int) -> Iterator[RolloutJob]:
+        if self.settings.admission_order == "group_aware":
+            order = ((t, s) for t in range(len(tasks)) for s in range(samples))
+        else:
+            order = ((t, s) for s in range(samples) for t in range(len(tasks)))
+        for seq, (task_index, sample) in enumerate(order):
+            yield RolloutJob(task=tasks[task_index], sample_index=sample, seq=seq)
+
+    def _release_live(self) -> None:
+        self.live_runtimes -= 1
+        self._live_limit.release()
+
+    @staticmethod
+    def _add_wait(job: RolloutJob, key: str, wait: float) -> None:
+        job.timings[key] = job.timings.get(key, 0.0) + max(0.0, wait)
+
+    def _describe(self, stage: str, error: BaseException, expired: bool) -> str:
+        if expired:
+            limit = getattr(self.settings, f"{stage}_timeout_s")
+            return f"{stage} stage exceeded {limit:g}s"
+        return f"{stage} stage: {type(error).__name__}: {error}"
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._out.put_nowait(_Crash(task.exception()))  # type: ignore[arg-type]
+
+    def _check_scheduler(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is not None or self._done.is_set():
+            return
+        missing = self._total - self._emitted
+        self._out.put_nowait(
+            _Crash(RuntimeError(f"strategy {self.name!r} ended with {missing} rollouts missing"))
+        )
+
+    async def _sample_forever(self, telemetry: Telemetry) -> None:
+        interval = self.settings.telemetry_interval_s
+        while True:
+            telemetry.sample(self.now(), self._snapshot())
+            await asyncio.sleep(interval)
+
+    def _snapshot(self) -> dict[str, float]:
+        values: dict[str, float] = {
+            "live_runtimes": self.live_runtimes,
+            "runs_in_flight": self.runs_in_flight,
+            "finished": self._emitted,
+            **self.queue_depths(),
+        }
+        if self.engine is not None:
+            values["engine_in_flight"] = self.engine.in_flight
+        return values
+
+    async def _shutdown(self) -> None:
+        """Cancel every task this dispatcher started and close every runtime still open."""
+        if self.telemetry is not None:
+            self.telemetry.sample(self.now(), self._snapshot())
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except BaseException:  # cancelled, or its crash was already reported
+                pass
+        self._tasks.clear()
+        for runtime in list(self._open.values()):
+            try:
+                await runtime.close()
+            except Exception:
+                logger.warning("closing a runtime at shutdown failed", exc_info=True)
+            self._release_live()
+        self._open.clear()

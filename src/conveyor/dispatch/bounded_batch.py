@@ -1,0 +1,29 @@
+"""`bounded_batch`: the paper's naive asynchronous batching."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from conveyor.dispatch.base import Dispatcher, RolloutJob
+from conveyor.dispatch.registry import register_strategy
+
+
+@register_strategy("bounded_batch")
+class BoundedBatchDispatcher(Dispatcher):
+    """At most `max_parallel` rollouts in flight; each holds its slot through init, run and
+    reward (and any infra retries), and the next rollout is admitted when one finishes."""
+
+    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        slots = asyncio.Semaphore(self.settings.max_parallel)
+        for job in jobs:
+            await slots.acquire()
+            await self._admit(job)
+            self._spawn(self._drive(job, slots))
+        await self._done.wait()
+
+    async def _drive(self, job: RolloutJob, slots: asyncio.Semaphore) -> None:
+        try:
+            await self._advance(job)
+        finally:
+            slots.release()

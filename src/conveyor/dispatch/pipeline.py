@@ -1,0 +1,100 @@
+"""`pipeline`: a worker pool and a bounded hand-off queue per stage."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from conveyor.dispatch.base import Dispatcher, RolloutJob, Stage
+from conveyor.dispatch.config import DispatchSettings
+from conveyor.dispatch.limiter import AdjustableLimit
+from conveyor.dispatch.registry import register_strategy
+from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.telemetry import Telemetry
+
+_QueueItem = tuple[int, int, RolloutJob]  # (retry first = 0 / fresh = 1, admission seq, job)
+
+
+@register_strategy("pipeline")
+class PipelineDispatcher(Dispatcher):
+    """Stage pools of width `p_init`, `p_run`, `p_reward` joined by priority queues.
+
+    Admission feeds the init queue (at most `init_queue` fresh jobs waiting; retries go first
+    and never block). A finished init waits for a place in the run queue (`run_queue` deep)
+    while holding its runtime, and a finished run for the reward queue: that back-pressure,
+    together with the live-runtime bound R taken at init start, keeps live runtimes <= R.
+    Every queue serves the lowest admission number first, so the admission order (group-aware
+    or trajectory-major) carries through every stage.
+    """
+
+    def __init__(
+        self,
+        stages: RolloutStages,
+        settings: DispatchSettings,
+        *,
+        engine: Any = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        super().__init__(stages, settings, engine=engine, telemetry=telemetry)
+        self.pools = {
+            Stage.INIT: AdjustableLimit(settings.p_init),
+            Stage.RUN: AdjustableLimit(settings.p_run),
+            Stage.REWARD: AdjustableLimit(settings.p_reward),
+        }
+        self._queues: dict[Stage, asyncio.PriorityQueue[_QueueItem]] = {}
+        self._init_slots = asyncio.Semaphore(settings.init_queue)
+
+    def queue_depths(self) -> dict[str, float]:
+        """Waiting jobs per stage queue and busy workers per stage pool."""
+        depths: dict[str, float] = {}
+        for stage, queue in self._queues.items():
+            depths[f"{stage.name.lower()}_queue"] = queue.qsize()
+            depths[f"{stage.name.lower()}_busy"] = self.pools[stage].in_use
+        return depths
+
+    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        self._queues = {
+            Stage.INIT: asyncio.PriorityQueue(),
+            Stage.RUN: asyncio.PriorityQueue(maxsize=self.settings.run_queue),
+            Stage.REWARD: asyncio.PriorityQueue(maxsize=self.settings.reward_queue),
+        }
+        for stage in Stage:
+            self._spawn(self._pool(stage))
+        self._spawn(self._admit_all(jobs))
+        await self._done.wait()
+
+    async def _admit_all(self, jobs: Iterator[RolloutJob]) -> None:
+        for job in jobs:
+            await self._init_slots.acquire()
+            await self._admit(job)
+            self._queues[Stage.INIT].put_nowait((1, job.seq, job))
+
+    async def _pool(self, stage: Stage) -> None:
+        """Take the most urgent job whenever a worker of this stage is free."""
+        pool, queue = self.pools[stage], self._queues[stage]
+        while True:
+            await pool.acquire()
+            try:
+                fresh, _, job = await queue.get()
+            except BaseException:
+                pool.release()
+                raise
+            if stage is Stage.INIT and fresh:
+                self._init_slots.release()
+            self._spawn(self._work(stage, job))
+
+    async def _work(self, stage: Stage, job: RolloutJob) -> None:
+        pool = self.pools[stage]
+        try:
+            next_stage = await self._step(job, stage)
+            self._stage_done(stage, job)
+            if next_stage is Stage.INIT:
+                self._queues[Stage.INIT].put_nowait((0, job.seq, job))
+            elif next_stage is not None:
+                await self._queues[next_stage].put((1, job.seq, job))
+        finally:
+            pool.release()
+
+    def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
+        """Hook for strategies that learn from stage latencies (`auto`)."""

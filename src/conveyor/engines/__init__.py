@@ -1,0 +1,1 @@
+"""Sampling clients: token ids in, token ids and logprobs out."""

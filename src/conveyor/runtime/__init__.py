@@ -1,0 +1,1 @@
+"""Runtimes: where a rollout's tools execute (simulated, bubblewrap, local, docker)."""

@@ -1,0 +1,287 @@
+"""Tests of conveyor.config: layering, sources, error messages and the YAML round trip."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from conveyor.config import (
+    AgentConfig,
+    ConfigError,
+    ConveyorConfig,
+    EngineConfig,
+    HintsConfig,
+    RunConfig,
+    SamplingConfig,
+    TasksConfig,
+    config_to_yaml,
+    format_config,
+    load_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def leaf_keys(model: type[BaseModel] = ConveyorConfig, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of a config model, walked independently of the module's own walk."""
+    keys = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(leaf_keys(annotation, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_leaf_key_names_are_unique_across_the_tree() -> None:
+    names = [key.rsplit(".", 1)[-1] for key in leaf_keys()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    assert not repeated, f"setting names reachable under two keys: {repeated}"
+    assert len(names) > 30  # the walk really descended into every section, hints included
+    assert "agent.hints.steps_left_threshold" in leaf_keys()
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type[BaseModel]) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation)
+
+    walk(ConveyorConfig)
+
+
+def test_defaults_load_without_a_file() -> None:
+    resolved = load_config(None)
+    assert resolved.config == ConveyorConfig()
+    assert resolved.config.agent.max_turns == 8
+    assert resolved.config.tasks.families == ["arithmetic", "filenav"]
+    assert resolved.config.engine.kind == "vllm"
+    assert resolved.sources == dict.fromkeys(leaf_keys(), "default")
+
+
+def test_quickstart_config_loads_64_rollouts() -> None:
+    path = REPO / "configs" / "quickstart-eval.yaml"
+    resolved = load_config(path)
+    cfg = resolved.config
+    assert cfg.engine.kind == "vllm"
+    assert cfg.model.path is None
+    assert cfg.tasks.families == ["arithmetic", "filenav"]
+    assert len(cfg.tasks.families) * cfg.tasks.num_tasks * cfg.tasks.group_size == 64
+    assert cfg.sampling.temperature == 0.7
+    assert (cfg.agent.max_turns, cfg.agent.max_completion_tokens) == (6, 192)
+    assert cfg.run.output_dir == "runs"
+    assert resolved.sources["agent.max_turns"] == f"file:{path}"
+    assert resolved.sources["agent.max_context_tokens"] == "default"
+
+
+def test_file_then_overrides_precedence_and_sources(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "agent:\n  max_turns: 6\n  tool_timeout_s: 3\n"
+        "tasks:\n  families: [arithmetic]\n  group_size: 4\n",
+    )
+    resolved = load_config(
+        path,
+        [
+            "agent.max_turns=8",
+            "agent.max_turns=9",  # later wins over earlier and over the file
+            "sampling.sampling_seed=7",
+            "tasks.families=[filenav, arithmetic]",
+            "model.path=null",
+            "agent.hints.enabled=false",
+        ],
+    )
+    cfg, sources = resolved.config, resolved.sources
+    assert cfg.agent.max_turns == 9 and sources["agent.max_turns"] == "--set"
+    assert cfg.agent.tool_timeout_s == 3.0 and sources["agent.tool_timeout_s"] == f"file:{path}"
+    assert cfg.tasks.group_size == 4 and sources["tasks.group_size"] == f"file:{path}"
+    assert cfg.tasks.families == ["filenav", "arithmetic"]
+    assert sources["tasks.families"] == "--set"
+    assert cfg.sampling.sampling_seed == 7 and sources["sampling.sampling_seed"] == "--set"
+    assert cfg.model.path is None and sources["model.path"] == "--set"
+    assert cfg.agent.hints.enabled is False and sources["agent.hints.enabled"] == "--set"
+    assert cfg.agent.max_prompt_tokens == 3072 and sources["agent.max_prompt_tokens"] == "default"
+    assert set(sources) == set(leaf_keys())
+
+
+def test_number_given_to_a_text_key_stays_text() -> None:
+    cfg = load_config(None, ["run.name=007", "model.path=2024"]).config
+    assert cfg.run.name == "007"
+    assert cfg.model.path == "2024"
+
+
+def test_empty_file_and_empty_section_mean_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")).config == ConveyorConfig()
+    commented = write(tmp_path, "agent:\n  # max_turns: 4\n", "commented.yaml")
+    assert load_config(commented).config == ConveyorConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "bad_key", "suggestion"),
+    [
+        ("agnet:\n  max_turns: 4\n", "agnet", "agent"),
+        ("agent:\n  max_turn: 4\n", "agent.max_turn", "agent.max_turns"),
+        ("agent:\n  hints:\n    enabeld: false\n", "agent.hints.enabeld", "agent.hints.enabled"),
+        # the right name in the wrong section has exactly one home, since names are unique
+        ("tasks:\n  max_turns: 4\n", "tasks.max_turns", "agent.max_turns"),
+        ("group_size: 4\n", "group_size", "tasks.group_size"),
+    ],
+)
+def test_unknown_key_in_file_names_key_and_nearest(
+    tmp_path: Path, text: str, bad_key: str, suggestion: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"unknown config key '{bad_key}' (from file:{path}); did you mean '{suggestion}'?"
+    )
+
+
+def test_unknown_key_in_override_names_key_and_nearest() -> None:
+    with pytest.raises(ConfigError, match=r"'agnet\.max_turns' \(from --set\).*'agent.max_turns'"):
+        load_config(None, ["agnet.max_turns=4"])
+    with pytest.raises(ConfigError, match=r"did you mean 'sampling\.temperature'\?"):
+        load_config(None, ["sampling.temprature=0.5"])
+    with pytest.raises(ConfigError, match=r"'agent\.max_turns\.x'.*'agent\.max_turns'"):
+        load_config(None, ["agent.max_turns.x=1"])
+
+
+def test_unknown_key_without_a_near_one_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'zzz'.*'model', 'engine'"):
+        load_config(None, ["zzz=1"])
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("agent:\n  max_turns: many\n", ["'agent.max_turns'", "'many'", "integer", "int > 0"]),
+        ("agent:\n  max_turns: '8'\n", ["'agent.max_turns'", "'8'", "int"]),
+        ("engine:\n  max_num_seqs: 0\n", ["'engine.max_num_seqs'", " 0 ", "greater than 0"]),
+        ("sampling:\n  top_p: 1.5\n", ["'sampling.top_p'", "1.5", "<= 1"]),
+        ("agent:\n  hints:\n    enabled: 1\n", ["'agent.hints.enabled'", "boolean", "bool"]),
+        ("engine:\n  dtype: fp8\n", ["'engine.dtype'", "'fp8'", "'bfloat16'"]),
+        ("tasks:\n  families: [arithmetic, 3]\n", ["'tasks.families[1]'", "string"]),
+        ("tasks:\n  families: arithmetic\n", ["'tasks.families'", "list"]),
+        ("agent: 3\n", ["'agent'", "section", "mapping", "max_turns"]),
+    ],
+)
+def test_wrong_type_in_file_names_key_value_expectation_and_source(
+    tmp_path: Path, text: str, pieces: list[str]
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    for piece in [*pieces, f"file:{path}"]:
+        assert piece in message, (piece, message)
+
+
+def test_wrong_type_in_override_names_the_override_source() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["agent.rollout_timeout_s=soon"])
+    message = str(info.value)
+    assert "'agent.rollout_timeout_s'" in message and "'soon'" in message
+    assert "(from --set)" in message and "expected float > 0" in message
+
+
+def test_checks_across_keys() -> None:
+    with pytest.raises(ConfigError, match=r"agent\.max_completion_tokens from --set.*smaller"):
+        load_config(None, ["agent.max_completion_tokens=4096"])
+    # the prompt budget plus the completion budget may exceed the context budget
+    cfg = load_config(None, ["agent.max_prompt_tokens=4000"]).config
+    assert cfg.agent.max_prompt_tokens + cfg.agent.max_completion_tokens > 4096
+    with pytest.raises(ConfigError, match=r"engine\.base_url"):
+        load_config(None, ["engine.kind=openai"])
+    assert load_config(None, ["engine.kind=openai", "engine.base_url=http://h:8000/v1"])
+    with pytest.raises(ConfigError, match=r"more than once: arithmetic"):
+        load_config(None, ["tasks.families=[arithmetic, arithmetic]"])
+
+
+def test_override_errors() -> None:
+    with pytest.raises(ConfigError, match=r"'agent\.max_turns' is not of the form dotted\.key="):
+        load_config(None, ["agent.max_turns"])
+    with pytest.raises(ConfigError, match=r"sets the section 'agent' as a whole"):
+        load_config(None, ["agent=3"])
+    with pytest.raises(ConfigError, match=r"sets the section 'agent\.hints' as a whole"):
+        load_config(None, ["agent.hints={enabled: false}"])
+    with pytest.raises(ConfigError, match=r"'tasks\.families=\[a' is not valid YAML"):
+        load_config(None, ["tasks.families=[a"])
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=rf"config file '{missing}' does not exist"):
+        load_config(missing)
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "agent:\n  max_turns: 4\n  hints: [oops\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"config file '{path}' is not valid YAML" in message
+    assert "line 4" in message  # the unclosed flow sequence is found at the end of the file
+
+
+def test_yaml_key_given_twice_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "tasks:\n  group_size: 2\n  num_tasks: 4\n  group_size: 8\n")
+    with pytest.raises(ConfigError, match=r"'group_size' is given twice at line 4"):
+        load_config(path)
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    path = write(tmp_path, "- agent\n- tasks\n")
+    with pytest.raises(ConfigError, match=r"must hold a mapping of sections .* holds a list"):
+        load_config(path)
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = ConveyorConfig(
+        engine=EngineConfig(kind="openai", base_url="http://localhost:8000/v1", kv_cache_gib=2),
+        sampling=SamplingConfig(temperature=0.3, sampling_seed=11),
+        agent=AgentConfig(max_turns=3, hints=HintsConfig(on_tool_error=False)),
+        tasks=TasksConfig(families=["filenav"], split="train"),
+        run=RunConfig(name="007"),
+    )
+    for original in (cfg, ConveyorConfig()):
+        path = write(tmp_path, config_to_yaml(original), "saved.yaml")
+        resolved = load_config(path)
+        assert resolved.config == original
+        assert set(resolved.sources.values()) == {f"file:{path}"}  # every leaf was written
+
+
+def test_format_config_lists_every_leaf_with_value_and_source(tmp_path: Path) -> None:
+    path = write(tmp_path, "agent:\n  max_turns: 6\n")
+    text = format_config(load_config(path, ["run.name=demo"]))
+    lines = text.splitlines()
+    for key in leaf_keys():
+        assert sum(line.split()[:1] == [key] for line in lines) == 1, key
+    assert any(
+        "agent.max_turns" in line and "= 6" in line and f"[file:{path}]" in line for line in lines
+    )
+    assert any("run.name" in line and '"demo"' in line and "[--set]" in line for line in lines)
+    assert any("sampling.top_p" in line and "[default]" in line for line in lines)
+    assert "[agent.hints]" in lines and "[tasks]" in lines
+
+
+def test_import_stays_light() -> None:
+    code = (
+        "import sys, conveyor.config; "
+        "print(sorted(m for m in ('torch', 'vllm', 'ray', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
