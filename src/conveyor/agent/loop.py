@@ -1,0 +1,226 @@
+"""The ReAct-style tool-calling loop: sample, parse, call tools, hint, repeat, until `finish`.
+
+Ownership of outcomes (see `conveyor.types.Status`):
+- the policy finished by calling `finish` -> `ok`;
+- a length budget (prompt, per-turn completion, total context) or the turn budget ran out ->
+  `truncated`; the model answered without ever calling a tool and hints are off -> `policy_error`;
+- the rollout's wall budget ran out -> `timeout`;
+- `EngineError` / `RuntimeFailure` propagate to the dispatcher, which owns infrastructure failures.
+Whatever happens, the turns sampled so far stay token-exact and are returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.agent.chat import ChatRenderer, TokenLedger
+from conveyor.agent.hints import HintPolicy, TurnObservation
+from conveyor.agent.parsing import parse_tool_calls
+from conveyor.agent.tools import ToolContext, ToolRegistry
+from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.engines.base import SampleRequest, SamplingClient
+from conveyor.runtime.base import Runtime
+from conveyor.types import Message, Status, StopReason, Task, Trajectory, Turn
+
+
+@dataclass
+class _State:
+    turns: list[Turn] = field(default_factory=list)
+    status: Status = Status.TRUNCATED
+    stop_reason: str = "max_turns"
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, key: str, by: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + by
+
+
+class AgentLoop:
+    """Runs one task instance to a `Trajectory` with a model, its tools and a runtime."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        client: SamplingClient,
+        tools: ToolRegistry,
+        agent: AgentConfig,
+        sampling: SamplingConfig,
+        *,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.renderer = renderer
+        self.client = client
+        self.tools = tools
+        self.agent = agent
+        self.sampling = sampling
+        self.eos_token_id = eos_token_id
+        self._schemas = {
+            s["function"]["name"]: s["function"].get("parameters", {}) for s in tools.schemas()
+        }
+
+    async def run(self, task: Task, sample_index: int, runtime: Runtime | None) -> Trajectory:
+        """One rollout. Infra failures raise; every policy outcome is a status in the result."""
+        start = time.monotonic()
+        state = _State()
+        ledger = TokenLedger(self.renderer)
+        hints = HintPolicy(self.agent.hints)
+        ctx = ToolContext(task=task, runtime=runtime)
+        try:
+            async with asyncio.timeout(self.agent.rollout_timeout_s):
+                await self._turns(task, sample_index, ledger, hints, ctx, state)
+        except TimeoutError:
+            state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
+        state.counters["splits"] = ledger.splits
+        state.counters["hints"] = sum(hints.counts.values())
+        for trigger, count in hints.counts.items():
+            state.counters[f"hint_{trigger}"] = count
+        state.counters["turns"] = len(state.turns)
+        answer = ctx.state.get("answer")
+        messages = list(ledger.messages)
+        if answer is not None:
+            messages.append({"role": "answer", "content": str(answer), "_meta": True})
+        return Trajectory(
+            task_id=task.id,
+            sample_index=sample_index,
+            turns=state.turns,
+            messages=messages,
+            status=state.status,
+            stop_reason=state.stop_reason,
+            timings={"run_s": time.monotonic() - start},
+            counters=state.counters,
+            metrics={
+                "prompt_tokens": float(len(state.turns[0].prompt_ids)) if state.turns else 0.0,
+                "completion_tokens": float(sum(len(t.completion_ids) for t in state.turns)),
+            },
+        )
+
+    async def _turns(
+        self,
+        task: Task,
+        sample_index: int,
+        ledger: TokenLedger,
+        hints: HintPolicy,
+        ctx: ToolContext,
+        state: _State,
+    ) -> None:
+        cfg = self.agent
+        prompt = ledger.start(task.prompt)
+        previous_action: str | None = None
+        session = f"{task.id}/{sample_index}"
+        for turn_index in range(cfg.max_turns):
+            if len(prompt) > cfg.max_prompt_tokens:
+                state.status, state.stop_reason = Status.TRUNCATED, "max_prompt_tokens"
+                return
+            room = cfg.max_context_tokens - len(prompt)
+            if room <= 0:
+                state.status, state.stop_reason = Status.TRUNCATED, "max_context_tokens"
+                return
+            seed = self.sampling.sampling_seed
+            result = await self.client.sample(
+                SampleRequest(
+                    prompt_ids=prompt,
+                    max_tokens=min(cfg.max_completion_tokens, room),
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    seed=None if seed is None else seed + 1000 * sample_index + turn_index,
+                    session_id=session,
+                )
+            )
+            stopped = result.finish_reason == "stop"
+            state.turns.append(
+                Turn(
+                    prompt_ids=list(prompt),
+                    completion_ids=result.token_ids,
+                    completion_logprobs=result.logprobs,
+                    loss_mask=[1] * len(result.token_ids),
+                    policy_version=result.policy_version,
+                    stop_reason=StopReason(result.finish_reason),
+                    sample_index=ledger.sample_index,
+                )
+            )
+            assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
+            if not stopped:
+                which = (
+                    "max_context_tokens" if room < cfg.max_completion_tokens
+                    else "max_completion_tokens"
+                )
+                state.status, state.stop_reason = Status.TRUNCATED, which
+                return
+            parsed = parse_tool_calls(assistant["content"], self.renderer.tool_format, self._schemas)
+            assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
+            if parsed.errors:
+                state.bump("parse_errors", len(parsed.errors))
+            replies: list[Message] = []
+            tool_errors: list[str] = []
+            for call in parsed.calls:
+                state.bump("tool_calls")
+                outcome = await self.tools.execute(
+                    call,
+                    ctx,
+                    timeout_s=cfg.tool_timeout_s,
+                    max_output_chars=cfg.tool_output_max_chars,
+                )
+                if outcome.is_error:
+                    state.bump("tool_errors")
+                    state.bump(f"tool_{outcome.kind}")
+                    tool_errors.append(outcome.output)
+                replies.append({"role": "tool", "content": outcome.output, "name": call.name})
+                if ctx.state.get("finished"):
+                    break
+            if ctx.state.get("finished"):
+                state.status, state.stop_reason = Status.OK, "finish"
+                return
+            if not parsed.calls and not cfg.hints.enabled:
+                # Without hints nobody will tell the model to use a tool: the text is its answer.
+                state.status = Status.POLICY_ERROR
+                state.stop_reason = "invalid_tool_call" if parsed.errors else "no_tool_call"
+                return
+            action = json.dumps([c.model_dump() for c in parsed.calls], sort_keys=True)
+            fired = hints.hints_for(
+                TurnObservation(
+                    turn_index=turn_index,
+                    turns_left=cfg.max_turns - turn_index - 1,
+                    tool_names=[c.name for c in parsed.calls],
+                    action_key=action,
+                    parse_errors=parsed.errors,
+                    tool_errors=tool_errors,
+                    previous_action_key=previous_action,
+                )
+            )
+            previous_action = action
+            replies = _attach_hints(replies, fired)
+            prompt = ledger.next_prompt(replies)
+        state.status, state.stop_reason = Status.TRUNCATED, "max_turns"
+
+
+def _attach_hints(replies: list[Message], hints: list[str]) -> list[Message]:
+    """Hints ride on the last tool response when there is one, else form a user turn.
+
+    Riding on the tool response keeps templates such as Qwen3's from treating the hint as a new
+    user query (which would strip earlier reasoning and force a split).
+    """
+    if not hints:
+        return replies
+    text = "\n".join(hints)
+    if replies:
+        last = dict(replies[-1])
+        last["content"] = f"{last['content']}\n{text}"
+        last["_hint"] = True
+        return [*replies[:-1], last]
+    return [{"role": "user", "content": text, "_hint": True}]
+
+
+def final_answer(trajectory: Trajectory) -> str | None:
+    """The answer submitted through `finish`, if any."""
+    for message in reversed(trajectory.messages):
+        if message.get("role") == "answer":
+            return str(message["content"])
+    return None
+
+
+def conversation(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """The chat messages without our bookkeeping entries."""
+    return [m for m in trajectory.messages if m.get("role") != "answer"]

