@@ -1,4 +1,4 @@
-"""Tool-call parsing: hand-written cases for every error kind, and hypothesis fuzzing of both formats."""
+"""Tool-call parsing: a case for every error kind, and hypothesis fuzzing of both formats."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_hermes_accepts_raw_newlines_inside_json_strings() -> None:
 
 
 def test_malformed_json_says_where_and_later_calls_survive() -> None:
-    text = (
-        '<tool_call>\n{"name": "calc", "arguments": {"x": 1,}}\n</tool_call>\n' + hermes("ok", {})
+    text = '<tool_call>\n{"name": "calc", "arguments": {"x": 1,}}\n</tool_call>\n' + hermes(
+        "ok", {}
     )
     result = parse_tool_calls(text)
     assert [(c.id, c.name) for c in result.calls] == [("call_0", "ok")]
@@ -179,7 +179,7 @@ def test_xml_values_strip_exactly_one_newline_each_side() -> None:
 
 
 def test_xml_values_may_hold_other_tags() -> None:
-    value = "<tool_call>\n<function=g>\n<parameter=q>\n</function>\n</tool_call>\n{\"name\": 1}"
+    value = '<tool_call>\n<function=g>\n<parameter=q>\n</function>\n</tool_call>\n{"name": 1}'
     result = parse_tool_calls(xml("write", text=value) + "\n" + xml("ls"))
     assert [(c.name, c.arguments) for c in result.calls] == [("write", {"text": value}), ("ls", {})]
     assert result.errors == []
@@ -374,9 +374,7 @@ FRAGMENTS = [
     "é",
     "\u2028",
 ]
-fragment_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=30).map(
-    "".join
-)
+fragment_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=4), max_size=30).map("".join)
 any_text = st.text() | fragment_text
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
 formats = st.sampled_from(["hermes", "xml", "auto"])
@@ -401,8 +399,10 @@ xml_values = (
 xml_arguments = st.dictionaries(names, xml_values, max_size=5)
 # Prose around calls: anything that opens or closes no call and does not end inside an opening tag.
 prose = any_text.filter(
-    lambda s: not any(tag in s for tag in TOP_TAGS)
-    and not any(s.endswith(tag[:k]) for tag in TOP_TAGS[::2] for k in range(1, len(tag)))
+    lambda s: (
+        not any(tag in s for tag in TOP_TAGS)
+        and not any(s.endswith(tag[:k]) for tag in TOP_TAGS[::2] for k in range(1, len(tag)))
+    )
 )
 
 SCHEMA_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number"}
@@ -420,11 +420,16 @@ def exactly(call: ToolCall) -> str:
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=names, arguments=hermes_arguments, prefix=prose, suffix=prose, fmt=formats)
+@given(
+    name=names,
+    arguments=hermes_arguments,
+    prefix=prose,
+    suffix=prose,
+    fmt=st.sampled_from(["hermes", "auto"]),
+)
 def test_hermes_round_trip(
     name: str, arguments: dict[str, Any], prefix: str, suffix: str, fmt: str
 ) -> None:
-    assume(fmt != "xml")
     call = ToolCall(name=name, arguments=arguments, id="call_0")
     result = parse_tool_calls(prefix + format_tool_call(call, "hermes") + suffix, fmt)  # type: ignore[arg-type]
     assert result.errors == []
@@ -449,11 +454,14 @@ def test_xml_round_trip_with_schema(
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=names, arguments=st.dictionaries(names, any_text), fmt=st.sampled_from(["xml", "auto"]))
+@given(
+    name=names,
+    arguments=st.dictionaries(names, any_text.filter(lambda s: "</parameter>" not in s)),
+    fmt=st.sampled_from(["xml", "auto"]),
+)
 def test_xml_string_arguments_round_trip_without_schema(
     name: str, arguments: dict[str, str], fmt: str
 ) -> None:
-    assume(all("</parameter>" not in v for v in arguments.values()))
     call = ToolCall(name=name, arguments=arguments, id="call_0")
     result = parse_tool_calls(format_tool_call(call, "xml"), fmt)  # type: ignore[arg-type]
     assert (result.calls, result.errors) == ([call], [])
@@ -462,7 +470,10 @@ def test_xml_string_arguments_round_trip_without_schema(
 @settings(max_examples=200, deadline=None)
 @given(
     calls=st.lists(
-        st.tuples(st.sampled_from(["hermes", "xml"]), names, xml_arguments), min_size=1, max_size=4
+        st.tuples(st.sampled_from(["hermes", "xml"]), names, xml_arguments),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda t: t[1],  # one schema per tool name
     ),
     gaps=st.lists(prose, min_size=5, max_size=5),
 )
@@ -470,12 +481,12 @@ def test_several_calls_of_mixed_formats_come_back_in_order(
     calls: list[tuple[str, str, dict[str, Any]]], gaps: list[str]
 ) -> None:
     expected = [
-        ToolCall(name=name, arguments=args, id=f"call_{i}") for i, (_, name, args) in enumerate(calls)
+        ToolCall(name=name, arguments=args, id=f"call_{i}")
+        for i, (_, name, args) in enumerate(calls)
     ]
     schemas: dict[str, dict[str, Any]] = {}
     text = gaps[-1]
     for (fmt, _, _), call, gap in zip(calls, expected, gaps, strict=False):
-        assume(call.name not in schemas)  # one schema per tool name
         schemas.update(schema_for(call))
         try:
             text += format_tool_call(call, fmt) + gap  # type: ignore[arg-type]

@@ -4,7 +4,8 @@ Ownership of outcomes (see `conveyor.types.Status`):
 - the policy finished by calling `finish` -> `ok`;
 - a length budget (prompt, per-turn completion, total context) or the turn budget ran out ->
   `truncated`; the model answered without ever calling a tool and hints are off -> `policy_error`;
-- the rollout's wall budget ran out -> `timeout`;
+- the rollout's wall budget (`dispatch.run_timeout_s`) ran out -> `timeout`; the loop keeps the
+  turns sampled so far, which a cancellation by the dispatcher would lose;
 - `EngineError` / `RuntimeFailure` propagate to the dispatcher, which owns infrastructure failures.
 Whatever happens, the turns sampled so far stay token-exact and are returned.
 """
@@ -49,14 +50,14 @@ class AgentLoop:
         agent: AgentConfig,
         sampling: SamplingConfig,
         *,
-        eos_token_id: int | None = None,
+        rollout_timeout_s: float,
     ) -> None:
         self.renderer = renderer
         self.client = client
         self.tools = tools
         self.agent = agent
         self.sampling = sampling
-        self.eos_token_id = eos_token_id
+        self.rollout_timeout_s = rollout_timeout_s
         self._schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in tools.schemas()
         }
@@ -69,7 +70,7 @@ class AgentLoop:
         hints = HintPolicy(self.agent.hints)
         ctx = ToolContext(task=task, runtime=runtime)
         try:
-            async with asyncio.timeout(self.agent.rollout_timeout_s):
+            async with asyncio.timeout(self.rollout_timeout_s):
                 await self._turns(task, sample_index, ledger, hints, ctx, state)
         except TimeoutError:
             state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"

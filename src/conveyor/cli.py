@@ -1,0 +1,168 @@
+"""The `conveyor` command line. Heavy modules are imported inside each command, never at the top."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conveyor.bench.cli import bench_app
+
+app = typer.Typer(
+    help="Conveyor: efficient RL training and evaluation of multi-turn, tool-using LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Prepare and inspect models.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
+app.add_typer(bench_app, name="bench")
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config value: --set agent.max_turns=8 (repeatable)."),
+]
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+def _load(config: Path, overrides: list[str] | None):  # type: ignore[no-untyped-def]
+    from conveyor.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+@models_app.command("prepare")
+def models_prepare(
+    force: Annotated[bool, typer.Option(help="Convert again even if already prepared.")] = False,
+    target: Annotated[
+        Path | None, typer.Option(help="Folder to write (default: the user cache).")
+    ] = None,
+) -> None:
+    """Convert the embedded SmolLM2-135M-Instruct GGUF into a Hugging Face folder (once).
+
+    Prints the prepared folder's path as the last line.
+    """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from conveyor.models import ModelError, prepare_default_model
+
+    steps = ["reading", "building", "writing", "prepared"]
+    try:
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            transient=False, console=None,
+        ) as progress:
+            bar = progress.add_task("preparing the embedded model", total=len(steps))
+
+            def report(message: str) -> None:
+                done = next((i + 1 for i, s in enumerate(steps) if message.startswith(s)), 0)
+                progress.update(bar, description=message, completed=max(done, 0))
+
+            path = prepare_default_model(target, force=force, progress=report)
+            progress.update(bar, completed=len(steps))
+    except ModelError as exc:
+        _fail(str(exc))
+    typer.echo(str(path))
+
+
+@models_app.command("path")
+def models_path() -> None:
+    """Print where the embedded model is (or would be) prepared."""
+    from conveyor.models import default_model_dir
+
+    typer.echo(str(default_model_dir()))
+
+
+@config_app.command("show")
+def config_show(
+    config: Annotated[Path, typer.Argument(help="A YAML config file.")],
+    set_: SetOption = None,
+) -> None:
+    """Print the resolved config and where each value came from."""
+    from conveyor.config import format_config
+
+    typer.echo(format_config(_load(config, set_)))
+
+
+@app.command()
+def doctor(
+    model: Annotated[
+        str, typer.Argument(help="A local HF model folder, or 'default' for the embedded model.")
+    ] = "default",
+    chat_template: Annotated[
+        Path | None, typer.Option(help="A Jinja chat template to use instead of the model's.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
+) -> None:
+    """Check that incremental rendering of a tool conversation equals full rendering.
+
+    Exits 0 when consistent, 1 otherwise; with --json the last line is the report.
+    """
+    from conveyor.agent.chat import ChatRenderer
+    from conveyor.doctor import _SCHEMAS, diagnose
+    from conveyor.engines.factory import load_tokenizer
+    from conveyor.models import ModelError, resolve_model_path
+
+    try:
+        model_dir = resolve_model_path(None if model == "default" else model)
+        tokenizer = load_tokenizer(model_dir)
+    except ModelError as exc:
+        _fail(str(exc))
+    template = chat_template.read_text() if chat_template else None
+    report = diagnose(ChatRenderer(tokenizer, _SCHEMAS, chat_template=template))
+    if as_json:
+        typer.echo(json.dumps(report.as_dict()))
+    else:
+        verdict = "consistent" if report.consistent else "NOT consistent"
+        typer.echo(f"{model_dir}: {verdict}; splits={report.splits}, samples={report.samples}, "
+                   f"split samples token-exact={report.samples_exact}, "
+                   f"native tools={report.native_tools}, format={report.tool_format}")
+        for line in report.split_reasons:
+            typer.echo(f"  split: {line}")
+        for line in report.mismatches:
+            typer.echo(f"  mismatch: {line}")
+    raise typer.Exit(code=0 if report.consistent else 1)
+
+
+@app.command("eval")
+def eval_command(
+    config: Annotated[Path, typer.Argument(help="A YAML config file.")],
+    set_: SetOption = None,
+) -> None:
+    """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
+    from conveyor.eval import eval_main
+    from conveyor.models import ModelError
+
+    resolved = _load(config, set_)
+    try:
+        run_dir = eval_main(resolved)
+    except ModelError as exc:
+        _fail(str(exc))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    overall = summary["overall"]
+    typer.echo(
+        f"rollouts={overall['rollouts']} pass@1={overall['pass@1']:.3f} "
+        f"statuses={overall['statuses']} wall={summary['wall_s']:.1f}s"
+    )
+    typer.echo(str(run_dir))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The agent's three rollout stages, as the dispatcher drives them.
+
+`AgentStages` implements `conveyor.dispatch.stages.RolloutStages` for any registered task family:
+`init` asks the family for a started runtime, `run` is the agent loop, `reward` is the family's
+score of the answer submitted through `finish`. It is the only place where tasks, tools, renderer
+and engine meet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.loop import AgentLoop, final_answer
+from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.engines.base import SamplingClient
+from conveyor.runtime.base import Runtime
+from conveyor.tasks.family import TaskFamily, get_family
+from conveyor.types import Status, Task, Trajectory
+
+
+class AgentStages:
+    """init / run / reward of one rollout for tasks of registered families."""
+
+    def __init__(
+        self,
+        client: SamplingClient,
+        make_renderer: Callable[[list[dict[str, object]]], ChatRenderer],
+        agent: AgentConfig,
+        sampling: SamplingConfig,
+        *,
+        rollout_timeout_s: float,
+    ) -> None:
+        self.client = client
+        self.agent = agent
+        self.sampling = sampling
+        self.rollout_timeout_s = rollout_timeout_s
+        self._make_renderer = make_renderer
+        self._loops: dict[str, AgentLoop] = {}
+
+    def _family(self, task: Task) -> TaskFamily:
+        return get_family(task.family)
+
+    def loop_for(self, task: Task) -> AgentLoop:
+        """One loop (renderer + tools) per family, built on first use."""
+        loop = self._loops.get(task.family)
+        if loop is None:
+            tools = self._family(task).tools()
+            loop = AgentLoop(
+                self._make_renderer(tools.schemas()),
+                self.client,
+                tools,
+                self.agent,
+                self.sampling,
+                rollout_timeout_s=self.rollout_timeout_s,
+            )
+            self._loops[task.family] = loop
+        return loop
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        """A started runtime from the task's family."""
+        return await self._family(task).make_runtime(task)
+
+    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
+        """The agent loop; engine and runtime failures propagate as infrastructure errors."""
+        return await self.loop_for(task).run(task, sample_index, runtime)
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        """Score every policy outcome (ok, truncated, policy_error, timeout) with the family."""
+        start = time.monotonic()
+        if trajectory.status is Status.INFRA_ERROR:
+            return trajectory
+        score = await self._family(task).score(task, final_answer(trajectory), runtime)
+        timings = {**trajectory.timings, "score_s": time.monotonic() - start}
+        return trajectory.model_copy(update={"reward": score, "timings": timings})
