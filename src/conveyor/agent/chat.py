@@ -4,12 +4,13 @@ The model's own chat template renders the conversation. Templates that know abou
 OpenAI schemas through `tools=`; templates that do not (SmolLM2's, for one) get the Hermes/Qwen
 convention written into the system message, with tool results as `<tool_response>` user turns.
 
-`TokenLedger` keeps the one invariant the trainer needs: sampled tokens are never re-tokenized. After
-each turn it renders the conversation text in full and checks that it starts with the previous prompt
-text plus the completion text exactly; then only the new suffix (template glue such as the newline
-after `<|im_end|>`, tool output, hints, the next generation prompt) is tokenized and appended, all with
-loss mask 0. Where a template rewrites earlier turns (Qwen3 strips earlier reasoning), the check fails
-and a new training sample starts from the full rendering: a split, counted.
+`TokenLedger` keeps the one invariant the trainer needs: sampled tokens are never re-tokenized.
+After each turn it renders the conversation text in full and checks that it starts with the
+previous prompt text plus the completion text exactly; then only the new suffix (template glue
+such as the newline after `<|im_end|>`, tool output, hints, the next generation prompt) is
+tokenized and appended, all with loss mask 0. Where a template rewrites earlier turns (Qwen3
+strips earlier reasoning), the check fails and a new training sample starts from the full
+rendering: a split, counted.
 """
 
 from __future__ import annotations
@@ -153,9 +154,8 @@ def _strip_private(message: Message) -> Message:
 class TokenLedger:
     """Exact token ids of a growing conversation: the prefix property, or a counted split.
 
-    Use: `start(messages)` -> prompt ids; after each generation `extend(completion_ids, stopped_on_eos,
-    new_messages)` -> the next prompt ids (call it with the assistant turn's follow-up messages: tool
-    results and hints).
+    Use: `start(messages)` -> prompt ids; after each generation `add_completion(ids, ...)`, then
+    `next_prompt(follow_up_messages)` (tool results and hints) -> the next prompt ids.
     """
 
     renderer: ChatRenderer

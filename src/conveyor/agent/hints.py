@@ -90,7 +90,8 @@ class HintPolicy:
             fired.append(
                 (
                     HintTrigger.STEPS_LEFT,
-                    f"Only {seen.turns_left} step(s) left: call `finish` with your best answer soon.",
+                    f"Only {seen.turns_left} step(s) left: call `finish` with your best "
+                    "answer soon.",
                 )
             )
         for trigger, _ in fired:

@@ -145,12 +145,15 @@ class AgentLoop:
             assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
             if not stopped:
                 which = (
-                    "max_context_tokens" if room < cfg.max_completion_tokens
+                    "max_context_tokens"
+                    if room < cfg.max_completion_tokens
                     else "max_completion_tokens"
                 )
                 state.status, state.stop_reason = Status.TRUNCATED, which
                 return
-            parsed = parse_tool_calls(assistant["content"], self.renderer.tool_format, self._schemas)
+            parsed = parse_tool_calls(
+                assistant["content"], self.renderer.tool_format, self._schemas
+            )
             assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
             if parsed.errors:
                 state.bump("parse_errors", len(parsed.errors))

@@ -123,7 +123,9 @@ def parse_completion(data: dict[str, Any], version: int = 0) -> SampleResult:
         reason = choice.get("finish_reason")
         finish = reason if reason in ("stop", "length") else "abort"
         return SampleResult(
-            token_ids=[int(i) for i in ids], logprobs=values, finish_reason=finish,
+            token_ids=[int(i) for i in ids],
+            logprobs=values,
+            finish_reason=finish,
             policy_version=version,
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:

@@ -53,7 +53,7 @@ class VLLMEngine:
                 dtype = "float32"
         self._llm = LLM(
             model=str(model_path),
-            dtype=dtype,
+            dtype=dtype,  # type: ignore[arg-type]
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             seed=seed,
@@ -119,8 +119,10 @@ class VLLMEngine:
             float(position[token].logprob)
             for position, token in zip(completion.logprobs or [], ids, strict=True)
         ]
-        reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else (
-            "abort"
+        reason = (
+            completion.finish_reason
+            if completion.finish_reason in ("stop", "length")
+            else ("abort")
         )
         result = SampleResult(
             token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version

