@@ -1,11 +1,159 @@
-"""`auto`: placeholder until the adaptive pool sizing lands (registered so config can name it)."""
+"""`auto`: the pipeline, with stage pools sized while it runs instead of by hand.
+
+Every control period (half the median init latency seen so far, between 1 s and 60 s):
+
+- CPU stages (init, reward) share the CPUs, so they get one budget, split between them in
+  proportion to their service times (both serve every rollout once). A stage's baseline
+  latency is the lowest median latency of any period with 8+ completions (its service time when
+  nothing queues). When a period's median latency exceeds 2x the baseline, jobs queue for a CPU
+  while holding a runtime: the budget shrinks towards the concurrency that would be served
+  without queueing (in-stage jobs / inflation, +25%), at most halving per period. When a pool is
+  full and latency is within 1.25x the baseline, the budget grows by half. No evidence (fewer
+  than 3 completions in a period), no change.
+- Run stage. The engine's throughput (generated tokens/s, when the engine exposes
+  `generated_tokens`; else finished runs/s) is recorded against its requests in flight. The pool
+  starts at R and stays there while more requests buy more throughput; if more in flight brings
+  no more throughput than the best point seen (KV cache full, preemptions), it is cut back to
+  the concurrency of that best point.
+
+It never exceeds R and never drops a pool below 1; the CPU pools start at the config's
+`p_init`/`p_reward`, the run pool at R.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from conveyor.dispatch.base import RolloutJob, Stage
+from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.pipeline import PipelineDispatcher
 from conveyor.dispatch.registry import register_strategy
+from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.telemetry import Telemetry
+
+_HISTORY = 256
 
 
 @register_strategy("auto")
 class AutoDispatcher(PipelineDispatcher):
-    """Pipeline whose stage pools are sized online (see module docstring)."""
+    """A `pipeline` whose `p_init`, `p_run` and `p_reward` follow the measured load."""
+
+    def __init__(
+        self,
+        stages: RolloutStages,
+        settings: DispatchSettings,
+        *,
+        engine: Any = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        super().__init__(stages, settings, engine=engine, telemetry=telemetry)
+        self.pools[Stage.RUN].set_limit(settings.max_live_runtimes)
+        self._period_latencies: dict[Stage, list[float]] = {s: [] for s in Stage}
+        self._baseline: dict[Stage, float] = dict.fromkeys(Stage, math.inf)
+        self._init_latencies: deque[float] = deque(maxlen=_HISTORY)
+        self._completed: dict[Stage, int] = dict.fromkeys(Stage, 0)
+        self._best: tuple[float, float] = (0.0, 0.0)  # (throughput, engine in flight) at best
+        self.decisions: list[dict[str, float]] = []
+
+    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        self._spawn(self._control())
+        await super()._schedule(jobs)
+
+    def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
+        name = stage.name.lower()
+        start, end = job.timings.get(f"{name}_start"), job.timings.get(f"{name}_end")
+        if start is not None and end is not None:
+            self._period_latencies[stage].append(end - start)
+            self._completed[stage] += 1
+            if stage is Stage.INIT:
+                self._init_latencies.append(end - start)
+
+    def _period(self) -> float:
+        init = self._init_latencies
+        return min(60.0, max(1.0, 0.5 * statistics.median(init))) if init else 5.0
+
+    async def _control(self) -> None:
+        sub_steps = 10
+        while True:
+            period = self._period()
+            completed = dict(self._completed)
+            tokens = self._engine_tokens()
+            in_stage = dict.fromkeys(Stage, 0.0)
+            full = dict.fromkeys(Stage, 0.0)
+            in_flight = 0.0
+            for _ in range(sub_steps):  # average occupancies over the period
+                await asyncio.sleep(period / sub_steps)
+                for stage in Stage:
+                    in_stage[stage] += self.in_stage[stage] / sub_steps
+                    pool = self.pools[stage]
+                    full[stage] += (pool.in_use >= pool.limit) / sub_steps
+                in_flight += (self.engine.in_flight if self.engine is not None else 0) / sub_steps
+            done = {s: self._completed[s] - completed[s] for s in Stage}
+            latencies = self._period_latencies
+            self._period_latencies = {s: [] for s in Stage}
+            cpu_full = max(full[Stage.INIT], full[Stage.REWARD]) > 0.5
+            self._size_cpu_stages(latencies, in_stage, cpu_full)
+            now_tokens = self._engine_tokens()
+            produced = (
+                now_tokens - tokens
+                if now_tokens is not None and tokens is not None
+                else done[Stage.RUN]
+            )
+            self._size_run_stage(produced / period, in_flight, in_stage[Stage.RUN])
+
+    def _engine_tokens(self) -> int | None:
+        value = getattr(self.engine, "generated_tokens", None)
+        return value if isinstance(value, int) else None
+
+    def _size_cpu_stages(
+        self, latencies: dict[Stage, list[float]], in_stage: dict[Stage, float], full: bool
+    ) -> None:
+        """Init and reward share the CPUs, so one budget is sized and split between them."""
+        stages = (Stage.INIT, Stage.REWARD)
+        inflation: dict[Stage, float] = {}
+        for stage in stages:
+            if len(latencies[stage]) >= 3:
+                latency = statistics.median(latencies[stage])
+                if len(latencies[stage]) >= 8:
+                    self._baseline[stage] = min(self._baseline[stage], latency)
+                if math.isfinite(self._baseline[stage]):
+                    inflation[stage] = latency / self._baseline[stage]
+        if not inflation:
+            return  # no evidence either way
+        total = sum(self.pools[s].limit for s in stages)
+        worst = max(inflation.values())
+        if worst > 2.0:
+            served = sum(in_stage[s] / inflation.get(s, 1.0) for s in stages)
+            total = max(2, math.ceil(1.25 * served), total // 2)
+        elif full and worst <= 1.25:
+            total = min(2 * self.settings.max_live_runtimes, math.ceil(total * 1.5))
+        service = [self._baseline[s] for s in stages]
+        share = service[0] / sum(service) if all(map(math.isfinite, service)) else 0.5
+        init_limit = min(total - 1, max(1, round(total * share)))
+        self.pools[Stage.INIT].set_limit(init_limit)
+        self.pools[Stage.REWARD].set_limit(total - init_limit)
+        self._log(Stage.INIT, init_limit, worst, in_stage[Stage.INIT])
+        self._log(Stage.REWARD, total - init_limit, worst, in_stage[Stage.REWARD])
+
+    def _size_run_stage(self, throughput: float, in_flight: float, busy: float) -> None:
+        pool = self.pools[Stage.RUN]
+        best_throughput, best_in_flight = self._best
+        if throughput > best_throughput:
+            self._best = (throughput, in_flight)
+        elif in_flight > 1.25 * best_in_flight > 0 and throughput < 1.02 * best_throughput:
+            pool.set_limit(max(1, math.ceil(busy * best_in_flight / in_flight)))
+        elif busy >= pool.limit - 1:
+            pool.set_limit(min(self.settings.max_live_runtimes, math.ceil(pool.limit * 1.25)))
+        self._log(Stage.RUN, pool.limit, throughput, busy)
+
+    def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:
+        self.decisions.append(
+            {"t": self.now(), "stage": float(stage), "limit": limit, "rate": rate, "busy": busy}
+        )
+        if len(self.decisions) > 4 * _HISTORY:
+            del self.decisions[: 2 * _HISTORY]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol
@@ -97,6 +97,7 @@ class Dispatcher:
         self.live_runtimes = 0
         self.peak_live_runtimes = 0
         self.runs_in_flight = 0
+        self.in_stage: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._live_limit = AdjustableLimit(settings.max_live_runtimes)
         self._open: dict[int, Runtime] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -115,7 +116,7 @@ class Dispatcher:
 
     async def rollouts(
         self, tasks: Sequence[Task], samples_per_task: int
-    ) -> AsyncIterator[Trajectory]:
+    ) -> AsyncGenerator[Trajectory, None]:
         """Run `samples_per_task` rollouts of every task; yield each trajectory as it finishes."""
         if self._running:
             raise RuntimeError("a dispatcher runs one batch of rollouts at a time")
@@ -144,7 +145,7 @@ class Dispatcher:
 
     async def groups(
         self, tasks: Sequence[Task], samples_per_task: int
-    ) -> AsyncIterator[TrajectoryGroup]:
+    ) -> AsyncGenerator[TrajectoryGroup, None]:
         """Like `rollouts`, but yield all samples of a task together as soon as the last ends."""
         pending: dict[str, list[Trajectory]] = {}
         stream = self.rollouts(tasks, samples_per_task)
@@ -238,6 +239,7 @@ class Dispatcher:
             self.peak_live_runtimes = max(self.peak_live_runtimes, self.live_runtimes)
             job.timings["init_start"] = start
             timeout = asyncio.timeout(self.settings.init_timeout_s)
+            self.in_stage[Stage.INIT] += 1
             try:
                 async with timeout:
                     runtime = await self.stages.init(job.task, job.sample_index, job.attempt)
@@ -245,6 +247,8 @@ class Dispatcher:
                 raise _InfraFault(self._describe("init", error, timeout.expired())) from error
             except Exception as error:
                 raise _InfraFault(self._describe("init", error, False)) from error
+            finally:
+                self.in_stage[Stage.INIT] -= 1
         except BaseException:
             self._release_live()
             raise
@@ -259,6 +263,7 @@ class Dispatcher:
         self._add_wait(job, "run_queue_wait", start - job.ready_at)
         job.timings["run_start"] = start
         self.runs_in_flight += 1
+        self.in_stage[Stage.RUN] += 1
         self._run_idle.clear()
         timeout = asyncio.timeout(self.settings.run_timeout_s)
         try:
@@ -278,6 +283,7 @@ class Dispatcher:
             raise _InfraFault(self._describe("run", error, False)) from error
         finally:
             self.runs_in_flight -= 1
+            self.in_stage[Stage.RUN] -= 1
             if self.runs_in_flight == 0:
                 self._run_idle.set()
         job.trajectory = trajectory
@@ -289,6 +295,7 @@ class Dispatcher:
         self._add_wait(job, "reward_queue_wait", start - job.ready_at)
         job.timings["reward_start"] = start
         timeout = asyncio.timeout(self.settings.reward_timeout_s)
+        self.in_stage[Stage.REWARD] += 1
         try:
             async with timeout:
                 job.trajectory = await self.stages.reward(job.task, job.trajectory, job.runtime)
@@ -296,6 +303,8 @@ class Dispatcher:
             raise _InfraFault(self._describe("reward", error, timeout.expired())) from error
         except Exception as error:
             raise _InfraFault(self._describe("reward", error, False)) from error
+        finally:
+            self.in_stage[Stage.REWARD] -= 1
         job.ready_at = job.timings["reward_end"] = self.now()
 
     async def _close(self, job: RolloutJob) -> None:

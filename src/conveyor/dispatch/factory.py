@@ -20,6 +20,4 @@ def make_dispatcher(
 ) -> Dispatcher:
     """The strategy `settings.strategy` driving `stages` placed by `executor` (asyncio default)."""
     placed = (executor or AsyncioExecutor()).place(stages)
-    return strategy_class(settings.strategy)(
-        placed, settings, engine=engine, telemetry=telemetry
-    )
+    return strategy_class(settings.strategy)(placed, settings, engine=engine, telemetry=telemetry)

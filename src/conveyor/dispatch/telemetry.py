@@ -9,6 +9,7 @@ line per sample: queue depths, live runtimes, run stages and engine requests in 
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ class Telemetry:
         if len(points) < 2:
             return float(points[0][1]) if points else 0.0
         total = 0.0
-        for (t0, v), (t1, _) in zip(points, points[1:], strict=False):
+        for (t0, v), (t1, _) in pairwise(points):
             total += v * (t1 - t0)
         span = points[-1][0] - points[0][0]
         return total / span if span > 0 else float(points[0][1])
@@ -74,7 +75,9 @@ class Telemetry:
             for stage in ("init", "run", "reward"):
                 if f"{stage}_start" in timings and f"{stage}_end" in timings:
                     key = f"{stage}_s"
-                    sums[key] = sums.get(key, 0.0) + timings[f"{stage}_end"] - timings[f"{stage}_start"]
+                    sums[key] = (
+                        sums.get(key, 0.0) + timings[f"{stage}_end"] - timings[f"{stage}_start"]
+                    )
                 wait = timings.get(f"{stage}_queue_wait")
                 if wait is not None:
                     sums[f"{stage}_queue_wait_s"] = sums.get(f"{stage}_queue_wait_s", 0.0) + wait

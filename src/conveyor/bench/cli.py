@@ -1,0 +1,99 @@
+"""`conveyor bench ...` commands (mounted by the main CLI as the `bench` sub-app).
+
+Kept light at import: the benchmark modules are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+bench_app = typer.Typer(help="Measure the dispatcher (and more) against baselines; JSON out.")
+
+_STRATEGIES = "batch,bounded_batch,pipeline,auto"
+
+
+@bench_app.callback()
+def _bench() -> None:
+    """Benchmarks print JSON and always measure against a baseline in the same run."""
+
+
+@bench_app.command("dispatch")
+def dispatch(
+    workload: Annotated[str, typer.Option(help="swe-sim (simulated) or real")] = "swe-sim",
+    sweep: Annotated[
+        bool, typer.Option(help="also sweep CPU-stage/generation ratio and R")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
+    seeds: Annotated[int, typer.Option(min=1, help="seeds per grid point")] = 3,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
+    strategies: Annotated[str, typer.Option(help="comma-separated strategies")] = _STRATEGIES,
+    tasks: Annotated[int | None, typer.Option(help="smoke runs only: fewer tasks")] = None,
+    processes: Annotated[
+        int | None, typer.Option(help="simulation processes (default: cores)")
+    ] = None,
+    timeline: Annotated[
+        Path | None, typer.Option(help="save telemetry + plots of pipeline here")
+    ] = None,
+) -> None:
+    """Compare the dispatch strategies; the last line printed is one JSON object."""
+    if workload == "real":
+        raise typer.BadParameter(
+            "--workload real is not yet wired: it needs the agent layer's RolloutStages on the "
+            "embedded model (issue 2); use --workload swe-sim",
+            param_hint="--workload",
+        )
+    if workload != "swe-sim":
+        raise typer.BadParameter(f"unknown workload {workload!r}; known: swe-sim, real")
+    from conveyor.bench.dispatch import run_bench
+    from conveyor.bench.swe_sim import SweSimWorkload
+
+    names = tuple(name.strip() for name in strategies.split(",") if name.strip())
+    base = SweSimWorkload() if tasks is None else SweSimWorkload(tasks=tasks)
+    report = run_bench(
+        seeds=seeds, sweep=sweep, processes=processes, strategies=names, workload=base
+    )
+    if timeline is not None:
+        report["timeline_dir"] = str(_save_timeline(base, report, timeline))
+    text = json.dumps(report, default=str)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if not json_out:
+        _print_table(report)
+    print(text)
+
+
+def _save_timeline(base: Any, report: dict[str, Any], folder: Path) -> Path:
+    from conveyor.bench.dispatch import simulate
+    from conveyor.dispatch.plot import plot_timeline
+    from conveyor.dispatch.telemetry import Telemetry
+
+    name = "pipeline" if "pipeline" in report["strategies"] else next(iter(report["strategies"]))
+    telemetry = Telemetry()
+    simulate(base, name, report["strategies"][name]["best_knobs"], 0, telemetry)
+    telemetry.meta = {"strategy": name, "knobs": report["strategies"][name]["best_knobs"]}
+    telemetry.save(folder)
+    plot_timeline(folder)
+    return folder
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    print(
+        f"swe-sim: {report['trajectories']} trajectories, seeds {report['seeds']}, "
+        f"bound {report['bound_s']:.0f}s ({report['bound_terms']['binding']})"
+    )
+    print(
+        f"{'strategy':<14}{'makespan_s':>11}{'traj/h':>9}{'eff':>7}{'util':>7}"
+        f"{'peakR':>7}{'1st grp':>9}  best knobs"
+    )
+    for name, s in report["strategies"].items():
+        print(
+            f"{name:<14}{s['makespan_s']:>11.0f}{s['throughput'] * 3600:>9.0f}"
+            f"{s['efficiency']:>7.3f}{s['engine_utilisation']:>7.3f}"
+            f"{s['peak_live_runtimes']:>7.0f}{s['first_group_fraction']:>9.2f}  {s['best_knobs']}"
+        )
+    print(f"ratios: {report.get('ratios')}")

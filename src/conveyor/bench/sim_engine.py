@@ -1,0 +1,227 @@
+"""A simulated LLM engine with continuous batching, a KV-cache limit and prefix caching.
+
+Modelled on vLLM's scheduler: each step decodes one token for every running request; new
+requests join at step boundaries while their whole context fits in the KV cache (prefill cost
+charged in that step, at most `max_batched_tokens` of prefill per step); when the running
+contexts outgrow the cache, the newest request is preempted (recompute: it re-prefills its
+whole context when readmitted). Finished sessions stay in the prefix cache, evicted LRU when
+running requests need the room, so a session's next turn only prefills its new tokens on a hit.
+
+Step time = base + per_seq * batch + per_context_token * (tokens in the batch's contexts)
++ prefill_per_token * prefill tokens. Between events (a request finishing, the cache filling)
+the batch is constant, so the engine advances up to `event_steps` steps per timer: exact in
+token counts, and new arrivals wait at most that many steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import zlib
+from collections import OrderedDict, deque
+
+from conveyor.bench.swe_sim import SweSimWorkload
+
+
+class _Request:
+    __slots__ = (
+        "closed",
+        "context",
+        "epoch",
+        "future",
+        "gen_before",
+        "session",
+        "start_step",
+        "target",
+    )
+
+    def __init__(self, session: str, context: int, target: int, future: asyncio.Future[None]):
+        self.session = session
+        self.context = context
+        self.target = target
+        self.future = future
+        self.gen_before = 0
+        self.start_step = 0
+        self.epoch = 0
+        self.closed = False
+
+
+class _Replica:
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+        self.step = 0
+        self.running: list[_Request] = []
+        self.finish_heap: list[tuple[int, int, int, _Request]] = []
+        self.waiting: deque[_Request] = deque()
+        self.kv_used = 0
+        self.idle: OrderedDict[str, int] = OrderedDict()
+        self.idle_total = 0
+        self.wake: asyncio.Future[None] | None = None
+        self.counter = 0
+
+    def submit(self, request: _Request) -> None:
+        self.waiting.append(request)
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+    def _admit(self) -> int:
+        w = self.engine.workload
+        prefill = 0
+        while self.waiting and len(self.running) < w.max_num_seqs:
+            request = self.waiting[0]
+            size = request.context + request.gen_before
+            if self.kv_used + size > w.kv_capacity_tokens and self.running:
+                break
+            cached = self.idle.pop(request.session, 0) if w.prefix_caching else 0
+            self.idle_total -= cached
+            new = max(1, size - cached)
+            if prefill and prefill + new > w.max_batched_tokens:
+                self.idle[request.session] = cached  # keep its cache entry; retry next step
+                self.idle_total += cached
+                break
+            self.waiting.popleft()
+            prefill += new
+            request.start_step = self.step
+            self.running.append(request)
+            self.kv_used += size
+            self.counter += 1
+            finish = self.step + request.target - request.gen_before
+            heapq.heappush(self.finish_heap, (finish, self.counter, request.epoch, request))
+        self._evict()
+        return prefill
+
+    def _evict(self) -> None:
+        room = self.engine.workload.kv_capacity_tokens - self.kv_used
+        while self.idle and self.idle_total > room:
+            _, tokens = self.idle.popitem(last=False)
+            self.idle_total -= tokens
+
+    def _preempt_until_fits(self) -> None:
+        capacity = self.engine.workload.kv_capacity_tokens
+        while len(self.running) > 1 and self.kv_used + len(self.running) > capacity:
+            victim = self.running.pop()
+            generated = victim.gen_before + self.step - victim.start_step
+            self.kv_used -= victim.context + generated
+            victim.gen_before = generated
+            victim.epoch += 1
+            self.waiting.appendleft(victim)
+            self.engine.preemptions += 1
+
+    def abort(self, request: _Request) -> None:
+        if request.closed:
+            return
+        request.closed = True
+        self.engine.in_flight -= 1
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+            self.kv_used -= request.context + request.gen_before + self.step - request.start_step
+            request.epoch += 1
+
+    async def serve(self) -> None:
+        w = self.engine.workload
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.running and not self.waiting:
+                self.wake = loop.create_future()
+                await self.wake
+                self.wake = None
+            prefill = self._admit()
+            self._preempt_until_fits()
+            batch = len(self.running)
+            k_finish = self.finish_heap[0][0] - self.step
+            k_kv = (w.kv_capacity_tokens - self.kv_used) // batch
+            k = max(1, min(k_finish, k_kv, self.engine.event_steps))
+            duration = (
+                k
+                * (
+                    w.step_base_s
+                    + w.step_per_seq_s * batch
+                    + w.step_per_context_token_s * self.kv_used
+                )
+                + w.step_per_context_token_s * batch * k * (k - 1) / 2
+                + w.prefill_per_token_s * prefill
+            )
+            self.engine.account(batch, duration, prefill)
+            await asyncio.sleep(duration)
+            self.step += k
+            self.kv_used += batch * k
+            self.engine.generated_tokens += batch * k
+            self._finish()
+
+    def _finish(self) -> None:
+        heap = self.finish_heap
+        while heap and heap[0][0] <= self.step:
+            _, _, epoch, request = heapq.heappop(heap)
+            if epoch != request.epoch:
+                continue  # preempted since; a fresh entry was pushed on readmission
+            self.running.remove(request)
+            request.closed = True
+            total = request.context + request.target
+            self.kv_used -= total
+            if self.engine.workload.prefix_caching:
+                self.idle[request.session] = total
+                self.idle_total += total
+            self.engine.in_flight -= 1
+            if not request.future.done():
+                request.future.set_result(None)
+        self._evict()
+
+
+class SimEngine:
+    """The simulated engine fleet: `engine_replicas` replicas, sessions routed stickily by hash.
+
+    `occupancy_reference` is the best feasible batch per replica; utilisation is measured
+    against it (a replica running that many requests all the time scores 1.0).
+    """
+
+    def __init__(
+        self, workload: SweSimWorkload, occupancy_reference: float, event_steps: int = 8
+    ) -> None:
+        self.workload = workload
+        self.occupancy_reference = max(1.0, occupancy_reference)
+        self.event_steps = event_steps
+        self.in_flight = 0
+        self.generated_tokens = 0
+        self.prefill_tokens = 0
+        self.preemptions = 0
+        self.busy_s = 0.0
+        self.occupancy_s = 0.0
+        self._replicas = [_Replica(self) for _ in range(workload.engine_replicas)]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the replicas' schedulers on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(replica.serve()) for replica in self._replicas]
+
+    async def close(self) -> None:
+        """Stop the schedulers; idempotent."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+
+    async def generate(self, session: str, context_tokens: int, completion_tokens: int) -> None:
+        """Generate `completion_tokens` after a prompt of `context_tokens` for `session`."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        replica = self._replicas[zlib.crc32(session.encode()) % len(self._replicas)]
+        request = _Request(session, context_tokens, completion_tokens, future)
+        self.in_flight += 1
+        replica.submit(request)
+        try:
+            await future
+        except asyncio.CancelledError:
+            replica.abort(request)  # like vLLM's abort: the slot and its KV are freed now
+            raise
+
+    def account(self, batch: int, duration: float, prefill: int) -> None:
+        """Book one engine timer: busy time, occupancy against the reference batch, prefill."""
+        self.busy_s += duration
+        self.occupancy_s += duration * min(1.0, batch / self.occupancy_reference)
+        self.prefill_tokens += prefill

@@ -1,0 +1,181 @@
+"""The Ray executor: each runtime lives in its own Ray actor, placed by a resource request.
+
+The init stage creates an actor (e.g. `resources={"sandbox": 1}`) and starts the runtime inside
+it; the run stage's agent loop stays in the dispatcher's process (next to the engine client) and
+reaches that same actor through a `RayRuntime` proxy for every tool call; the reward stage runs
+on the actor. Closing the proxy closes the runtime and kills the actor. Ray is imported only
+when this executor is used (`pip install 'conveyor[ray]'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from conveyor.dispatch.stages import RolloutStages
+from conveyor.engines.base import EngineError
+from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
+from conveyor.types import Task, Trajectory
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError(
+            "the Ray executor needs Ray: pip install 'conveyor[ray]' (or pip install ray)"
+        ) from error
+    return ray
+
+
+class RuntimeHost:
+    """The body of one runtime actor: holds the runtime the inner init stage started."""
+
+    def __init__(self, stages: RolloutStages) -> None:
+        self._stages = stages
+        self._runtime: Runtime | None = None
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> None:
+        self._runtime = await self._stages.init(task, sample_index, attempt)
+
+    def _live(self) -> Runtime:
+        if self._runtime is None:
+            raise RuntimeFailure("runtime actor holds no runtime")
+        return self._runtime
+
+    async def exec(self, command: str, timeout_s: float) -> ExecResult:
+        return await self._live().exec(command, timeout_s)
+
+    async def read_file(self, path: str) -> str:
+        return await self._live().read_file(path)
+
+    async def write_file(self, path: str, content: str) -> None:
+        await self._live().write_file(path, content)
+
+    async def list_dir(self, path: str) -> list[str]:
+        return await self._live().list_dir(path)
+
+    def alive(self) -> bool:
+        return self._runtime is not None and self._runtime.alive()
+
+    async def reward(self, task: Task, trajectory: Trajectory) -> Trajectory:
+        return await self._stages.reward(task, trajectory, self._live())
+
+    async def close(self) -> None:
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.close()
+
+
+async def _call(ray: Any, ref: Any) -> Any:
+    """Await an actor call; map Ray's errors back to the failure taxonomy."""
+    try:
+        return await ref
+    except ray.exceptions.RayTaskError as error:
+        cause = getattr(error, "cause", None)
+        if isinstance(cause, RuntimeFailure | EngineError | FileNotFoundError | IsADirectoryError):
+            raise cause from error
+        raise RuntimeFailure(f"runtime actor call failed: {cause or error}") from error
+    except ray.exceptions.RayError as error:  # actor died, placement failed, ...
+        raise RuntimeFailure(f"runtime actor lost: {type(error).__name__}: {error}") from error
+
+
+class RayRuntime:
+    """A `Runtime` whose every call runs on one Ray actor."""
+
+    def __init__(self, ray: Any, actor: Any) -> None:
+        self._ray = ray
+        self.actor = actor
+        self._closed = False
+
+    async def start(self) -> None:
+        """Started by the init stage on the actor."""
+
+    async def exec(self, command: str, timeout_s: float) -> ExecResult:
+        """Run a command on the actor's runtime."""
+        result: ExecResult = await _call(self._ray, self.actor.exec.remote(command, timeout_s))
+        return result
+
+    async def read_file(self, path: str) -> str:
+        """Read a file in the actor's runtime."""
+        text: str = await _call(self._ray, self.actor.read_file.remote(path))
+        return text
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a file in the actor's runtime."""
+        await _call(self._ray, self.actor.write_file.remote(path, content))
+
+    async def list_dir(self, path: str) -> list[str]:
+        """List a folder of the actor's runtime."""
+        entries: list[str] = await _call(self._ray, self.actor.list_dir.remote(path))
+        return entries
+
+    def alive(self) -> bool:
+        """Whether the proxy is open (the actor's liveness is checked on each call)."""
+        return not self._closed
+
+    async def close(self) -> None:
+        """Close the runtime on the actor, then kill the actor; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wait_for(_call(self._ray, self.actor.close.remote()), timeout=60)
+        finally:
+            self._ray.kill(self.actor, no_restart=True)
+
+
+class RayStages:
+    """`RolloutStages` that host each rollout's runtime in a Ray actor (see module docstring)."""
+
+    def __init__(self, inner: RolloutStages, actor_options: dict[str, Any]) -> None:
+        self._ray = _import_ray()
+        self._inner = inner
+        self._host = self._ray.remote(RuntimeHost)
+        self._options = actor_options
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        """Create the actor where resources allow and start the runtime inside it."""
+        actor = self._host.options(**self._options).remote(self._inner)
+        try:
+            await _call(self._ray, actor.init.remote(task, sample_index, attempt))
+        except BaseException:
+            self._ray.kill(actor, no_restart=True)
+            raise
+        return RayRuntime(self._ray, actor)
+
+    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
+        """The agent loop runs here; its tool calls go to the runtime's actor."""
+        return await self._inner.run(task, sample_index, runtime)
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        """Score on the runtime's actor."""
+        if not isinstance(runtime, RayRuntime):
+            raise TypeError("RayStages.reward needs the RayRuntime its init returned")
+        scored: Trajectory = await _call(self._ray, runtime.actor.reward.remote(task, trajectory))
+        return scored
+
+
+class RayExecutor:
+    """Places every runtime in a Ray actor with `resources` (default `{"sandbox": 1}`).
+
+    Connects to a running Ray (or starts a local one) on first use, unless already initialised.
+    """
+
+    def __init__(
+        self,
+        resources: dict[str, float] | None = None,
+        num_cpus: float = 0.0,
+        address: str | None = None,
+    ) -> None:
+        self.resources = {"sandbox": 1.0} if resources is None else resources
+        self.num_cpus = num_cpus
+        self.address = address
+
+    def place(self, stages: RolloutStages) -> RolloutStages:
+        """Stages whose runtimes live in Ray actors."""
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=self.address)
+        options = {"resources": self.resources, "num_cpus": self.num_cpus, "max_restarts": 0}
+        return RayStages(stages, options)

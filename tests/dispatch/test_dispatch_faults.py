@@ -1,0 +1,179 @@
+"""Fault isolation: injected infra and policy faults, every rollout accounted for, R respected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from conveyor.bench.bound import makespan_bound
+from conveyor.bench.sim_engine import SimEngine
+from conveyor.bench.sim_stages import SimEnvironment
+from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
+from conveyor.bench.virtual_loop import run_virtual
+from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.types import Status, Trajectory
+
+STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]
+FAULTY = SweSimWorkload(
+    tasks=12,
+    samples_per_task=4,
+    turns_min=3,
+    turns_max=8,
+    max_live_runtimes=10,
+    cpu_slots=4,
+    init_failure_rate=0.2,
+    tool_hang_rate=0.05,
+    reward_failure_rate=0.02,
+)
+RUN_TIMEOUT_S = 900.0
+MAX_RETRIES = 2
+
+
+def expected_outcome(
+    workload: SweSimWorkload, seed: int, task: int, sample: int
+) -> tuple[str, int]:
+    """What the rules say must happen to one rollout: (status, infra retries used)."""
+    for attempt in range(MAX_RETRIES + 1):
+        plan = plan_rollout(workload, seed, task, sample, attempt)
+        if plan.init_fails:
+            continue
+        calls = plan.turns if plan.truncated else plan.turns[:-1]
+        hung = any(turn.tool_hangs for turn in calls)
+        if plan.reward_fails:
+            continue
+        if hung:
+            return str(Status.TIMEOUT), attempt
+        return str(Status.TRUNCATED if plan.truncated else Status.OK), attempt
+    return str(Status.INFRA_ERROR), MAX_RETRIES
+
+
+def _seed_with_every_outcome() -> int:
+    """A seed whose draws include retries exhausted and hung tools (so both paths are tested)."""
+    for seed in range(200):
+        outcomes = Counter(
+            expected_outcome(FAULTY, seed, task, sample)[0]
+            for task in range(FAULTY.tasks)
+            for sample in range(FAULTY.samples_per_task)
+        )
+        if outcomes[str(Status.INFRA_ERROR)] and outcomes[str(Status.TIMEOUT)]:
+            return seed
+    raise AssertionError("no seed gives every outcome")
+
+
+async def _run_all(
+    workload: SweSimWorkload, strategy: str, seed: int
+) -> tuple[list[Trajectory], SimEnvironment, int]:
+    engine = SimEngine(workload, occupancy_reference=8)
+    engine.start()
+    env = SimEnvironment(workload, seed, engine)
+    settings = DispatchSettings(
+        strategy=strategy,
+        max_parallel=8,
+        p_init=4,
+        p_run=8,
+        p_reward=3,
+        run_queue=2,
+        max_live_runtimes=workload.max_live_runtimes,
+        run_timeout_s=RUN_TIMEOUT_S,
+        max_infra_retries=MAX_RETRIES,
+    )
+    dispatcher = make_dispatcher(settings, env, engine=engine)
+    out = [t async for t in dispatcher.rollouts(env.tasks(), workload.samples_per_task)]
+    await engine.close()
+    return out, env, dispatcher.peak_live_runtimes
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_rollout_accounted_for_with_the_right_status(strategy: str) -> None:
+    seed = _seed_with_every_outcome()
+    out, env, peak = run_virtual(_run_all(FAULTY, strategy, seed))
+    keys = [(t.task_id, t.sample_index) for t in out]
+    assert len(out) == FAULTY.trajectories  # count in == count out
+    assert len(set(keys)) == len(keys)  # exactly one record each
+    for trajectory in out:
+        index = int(trajectory.task_id.rsplit("-", 1)[1])
+        status, retries = expected_outcome(FAULTY, seed, index, trajectory.sample_index)
+        assert (str(trajectory.status), trajectory.counters["infra_retries"]) == (status, retries)
+        if trajectory.status is Status.INFRA_ERROR:
+            assert trajectory.reward is None  # never scored
+        else:
+            assert trajectory.reward in (0.0, 1.0)  # timeouts are scored too
+    counts = Counter(str(t.status) for t in out)
+    assert counts[str(Status.INFRA_ERROR)] > 0 and counts[str(Status.TIMEOUT)] > 0
+    assert sum(t.counters["infra_retries"] for t in out) > 0
+    assert peak <= FAULTY.max_live_runtimes and env.peak_live <= FAULTY.max_live_runtimes
+    assert env.live == 0  # every runtime closed
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_timings_are_ordered(strategy: str) -> None:
+    clean = FAULTY.model_copy(
+        update={"init_failure_rate": 0.0, "tool_hang_rate": 0.0, "reward_failure_rate": 0.0}
+    )
+    out, _, _ = run_virtual(_run_all(clean, strategy, 1))
+    for t in out:
+        times = [
+            t.timings[k]
+            for k in (
+                "admitted",
+                "init_start",
+                "init_end",
+                "run_start",
+                "run_end",
+                "reward_start",
+                "reward_end",
+                "finished",
+            )
+        ]
+        assert times == sorted(times)
+        assert t.timings["run_queue_wait"] == pytest.approx(
+            t.timings["run_start"] - t.timings["init_end"]
+        )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cancellation_closes_every_runtime(strategy: str) -> None:
+    async def scenario() -> tuple[int, int, int]:
+        engine = SimEngine(FAULTY, occupancy_reference=8)
+        engine.start()
+        env = SimEnvironment(FAULTY, 3, engine)
+        settings = DispatchSettings(strategy=strategy, max_live_runtimes=10, run_timeout_s=900)
+        dispatcher = make_dispatcher(settings, env, engine=engine)
+        got: list[Trajectory] = []
+
+        async def consume() -> None:
+            async for trajectory in dispatcher.rollouts(env.tasks(), 4):
+                got.append(trajectory)
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(150.0)
+        live_before = env.live
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        in_flight = engine.in_flight
+        await engine.close()
+        return live_before, env.live, in_flight
+
+    live_before, live_after, in_flight = run_virtual(scenario())
+    assert live_before > 0
+    assert live_after == 0
+    assert in_flight == 0  # the agent loops' engine requests were aborted too
+
+
+def test_bound_is_below_every_makespan() -> None:
+    clean = FAULTY.model_copy(
+        update={"init_failure_rate": 0.0, "tool_hang_rate": 0.0, "reward_failure_rate": 0.0}
+    )
+    bound = makespan_bound(clean, 1).bound_s
+
+    async def makespan(strategy: str) -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await _run_all(clean, strategy, 1)
+        return loop.time() - start
+
+    for strategy in STRATEGIES:
+        assert run_virtual(makespan(strategy)) >= bound

@@ -1,0 +1,155 @@
+"""The Ray executor: same statuses and counts as asyncio on the same seeded workload."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conveyor.bench.sim_engine import SimEngine
+from conveyor.bench.sim_stages import SimEnvironment
+from conveyor.bench.swe_sim import SweSimWorkload
+from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.dispatch.executors import AsyncioExecutor, Executor
+from conveyor.runtime.base import Runtime
+from conveyor.types import Task, Trajectory
+
+# Real time (Ray answers from other processes), so every duration is scaled down.
+FAST = SweSimWorkload(
+    tasks=5,
+    samples_per_task=3,
+    turns_min=2,
+    turns_max=4,
+    prompt_tokens=50,
+    completion_median_tokens=10,
+    completion_max_tokens=20,
+    observation_median_tokens=20,
+    init_median_s=0.05,
+    reward_median_s=0.03,
+    tool_median_s=0.01,
+    tool_sigma=0.3,
+    step_base_s=0.0005,
+    max_live_runtimes=6,
+    cpu_slots=4,
+    init_failure_rate=0.2,
+    tool_hang_rate=0.05,
+    reward_failure_rate=0.05,
+)
+
+
+async def _statuses(executor: Executor, seed: int) -> Counter[tuple[str, int, str, int]]:
+    engine = SimEngine(FAST, occupancy_reference=4)
+    engine.start()
+    env = SimEnvironment(FAST, seed, engine)
+    settings = DispatchSettings(
+        strategy="pipeline",
+        p_init=4,
+        p_run=6,
+        p_reward=4,
+        max_live_runtimes=6,
+        run_timeout_s=8.0,
+        max_infra_retries=2,
+    )
+    dispatcher = make_dispatcher(settings, env, executor=executor, engine=engine)
+    out = Counter(
+        [
+            (t.task_id, t.sample_index, str(t.status), t.counters["infra_retries"])
+            async for t in dispatcher.rollouts(env.tasks(), FAST.samples_per_task)
+        ]
+    )
+    await engine.close()
+    assert dispatcher.peak_live_runtimes <= 6
+    return out
+
+
+class _WhereStages:
+    """Records the process each stage's runtime work happens in."""
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        clean = FAST.model_copy(update={"init_failure_rate": 0.0})
+        runtime = await SimEnvironment(clean, 0).init(task, sample_index, 0)
+        runtime.init_pid = os.getpid()  # type: ignore[attr-defined]
+        return runtime
+
+    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
+        result = await runtime.exec("sleep 0.001", 5)
+        return Trajectory(
+            task_id=task.id,
+            sample_index=sample_index,
+            metrics={"driver_pid": float(os.getpid()), "tool_ok": float(result.exit_code == 0)},
+        )
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        pid = float(os.getpid())
+        init_pid = float(runtime.init_pid)  # type: ignore[attr-defined]
+        return trajectory.model_copy(
+            update={
+                "reward": 1.0,
+                "metrics": {**trajectory.metrics, "reward_pid": pid, "init_pid": init_pid},
+            }
+        )
+
+
+@pytest.mark.slow
+def test_ray_executor_matches_asyncio() -> None:
+    ray = pytest.importorskip("ray")
+    from conveyor.dispatch.ray_executor import RayExecutor
+
+    here = str(Path(__file__).parent)  # actors unpickle `_WhereStages` from this module
+    ray.init(
+        num_cpus=2,
+        resources={"sandbox": 6},
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": here}},
+    )
+    try:
+        seed = 4
+        local = asyncio.run(_statuses(AsyncioExecutor(), seed))
+        remote = asyncio.run(_statuses(RayExecutor(resources={"sandbox": 1}), seed))
+        assert sum(local.values()) == FAST.trajectories
+        assert remote == local
+        statuses = Counter(key[2] for key in local.elements())
+        assert len(statuses) >= 2  # faults really happened
+
+        async def where() -> list[Trajectory]:
+            dispatcher = make_dispatcher(
+                DispatchSettings(strategy="bounded_batch"), _WhereStages(), executor=RayExecutor()
+            )
+            return [t async for t in dispatcher.rollouts(SimEnvironment(FAST, 0).tasks(2), 2)]
+
+        placed = asyncio.run(where())
+        assert [t.error for t in placed] == [None] * 4
+        for trajectory in placed:
+            metrics = trajectory.metrics
+            assert metrics["tool_ok"] == 1.0
+            assert metrics["init_pid"] == metrics["reward_pid"]  # same actor for every stage
+            assert metrics["reward_pid"] != metrics["driver_pid"]  # ... and not this process
+        for _ in range(100):  # ray.kill is asynchronous: give the last actors a moment
+            if ray.available_resources().get("sandbox") == 6:
+                break
+            time.sleep(0.1)
+        assert ray.available_resources().get("sandbox") == 6  # every actor released
+    finally:
+        ray.shutdown()
+
+
+def test_ray_executor_without_ray_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    from conveyor.dispatch import ray_executor
+
+    real_import = builtins.__import__
+
+    def no_ray(name: str, *args: object, **kwargs: object) -> object:
+        if name == "ray":
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ImportError, match=r"pip install 'conveyor\[ray\]'"):
+        ray_executor.RayExecutor().place(SimEnvironment(FAST, 0))

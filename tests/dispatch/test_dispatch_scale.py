@@ -1,0 +1,58 @@
+"""Scale: 10,000 simulated trajectories in under a minute, memory flat in the number finished."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import tracemalloc
+
+import pytest
+
+from conveyor.bench.sim_engine import SimEngine
+from conveyor.bench.sim_stages import SimEnvironment
+from conveyor.bench.swe_sim import SweSimWorkload
+from conveyor.bench.virtual_loop import run_virtual
+from conveyor.dispatch import DispatchSettings, make_dispatcher
+
+
+async def _stream(workload: SweSimWorkload, marks: tuple[int, ...] = ()) -> dict[int, int]:
+    engine = SimEngine(workload, occupancy_reference=40)
+    engine.start()
+    env = SimEnvironment(workload, 0, engine)
+    settings = DispatchSettings(
+        strategy="pipeline",
+        p_run=workload.max_live_runtimes,
+        max_live_runtimes=workload.max_live_runtimes,
+    )
+    dispatcher = make_dispatcher(settings, env, engine=engine)
+    memory: dict[int, int] = {}
+    done = 0
+    async for _ in dispatcher.rollouts(env.tasks(), workload.samples_per_task):
+        done += 1  # the consumer keeps nothing
+        if done in marks:
+            await asyncio.sleep(0)
+            memory[done] = tracemalloc.get_traced_memory()[0]
+    await engine.close()
+    assert done == workload.trajectories and env.live == 0
+    return memory
+
+
+@pytest.mark.slow
+def test_ten_thousand_trajectories_under_a_minute() -> None:
+    workload = SweSimWorkload(tasks=1250, max_live_runtimes=512)
+    assert workload.trajectories == 10_000
+    started = time.perf_counter()
+    run_virtual(_stream(workload))
+    assert time.perf_counter() - started < 60.0
+
+
+@pytest.mark.slow
+def test_memory_does_not_grow_with_finished_trajectories() -> None:
+    workload = SweSimWorkload(tasks=400, turns_min=3, turns_max=6, max_live_runtimes=128)
+    tracemalloc.start()
+    try:
+        memory = run_virtual(_stream(workload, marks=(800, 2800)))
+    finally:
+        tracemalloc.stop()
+    growth = memory[2800] - memory[800]
+    assert growth < 200_000, f"{growth} bytes more after 2,000 more finished trajectories"
