@@ -80,7 +80,7 @@ def test_quickstart_config_loads_64_rollouts() -> None:
     assert len(cfg.tasks.families) * cfg.tasks.num_tasks * cfg.tasks.group_size == 64
     assert cfg.sampling.temperature == 0.7
     assert (cfg.agent.max_turns, cfg.agent.max_completion_tokens) == (6, 192)
-    assert cfg.run.output_dir == "runs"
+    assert cfg.run.dir is None
     assert resolved.sources["agent.max_turns"] == f"file:{path}"
     assert resolved.sources["agent.max_context_tokens"] == "default"
 
@@ -116,8 +116,8 @@ def test_file_then_overrides_precedence_and_sources(tmp_path: Path) -> None:
 
 
 def test_number_given_to_a_text_key_stays_text() -> None:
-    cfg = load_config(None, ["run.name=007", "model.path=2024"]).config
-    assert cfg.run.name == "007"
+    cfg = load_config(None, ["run.dir=007", "model.path=2024"]).config
+    assert cfg.run.dir == "007"
     assert cfg.model.path == "2024"
 
 
@@ -253,7 +253,7 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
         sampling=SamplingConfig(temperature=0.3, sampling_seed=11),
         agent=AgentConfig(max_turns=3, hints=HintsConfig(on_tool_error=False)),
         tasks=TasksConfig(families=["filenav"], split="train"),
-        run=RunConfig(name="007"),
+        run=RunConfig(dir="007"),
     )
     for original in (cfg, ConveyorConfig()):
         path = write(tmp_path, config_to_yaml(original), "saved.yaml")
@@ -264,14 +264,14 @@ def test_yaml_round_trip(tmp_path: Path) -> None:
 
 def test_format_config_lists_every_leaf_with_value_and_source(tmp_path: Path) -> None:
     path = write(tmp_path, "agent:\n  max_turns: 6\n")
-    text = format_config(load_config(path, ["run.name=demo"]))
+    text = format_config(load_config(path, ["run.dir=demo"]))
     lines = text.splitlines()
     for key in leaf_keys():
         assert sum(line.split()[:1] == [key] for line in lines) == 1, key
     assert any(
         "agent.max_turns" in line and "= 6" in line and f"[file:{path}]" in line for line in lines
     )
-    assert any("run.name" in line and '"demo"' in line and "[--set]" in line for line in lines)
+    assert any("run.dir" in line and '"demo"' in line and "[--set]" in line for line in lines)
     assert any("sampling.top_p" in line and "[default]" in line for line in lines)
     assert "[agent.hints]" in lines and "[tasks]" in lines
 

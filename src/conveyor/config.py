@@ -211,9 +211,10 @@ class DispatchConfig(_Section):
 class RunConfig(_Section):
     """Where a run writes its outputs."""
 
-    output_dir: str = Field(default="runs", description="Folder in which run folders are created.")
-    name: str | None = Field(
-        default=None, description="Name of this run's folder; None picks a timestamped name."
+    dir: str | None = Field(
+        default=None,
+        description="This run's folder; None picks runs/<command>-<timestamp>. Resuming a "
+        "training run uses the same folder.",
     )
 
 
@@ -418,7 +419,7 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
         raise ConfigError(
             f"the value of override '{override}' is not valid YAML: {_yaml_problem(exc)}."
         ) from None
-    # `--set run.name=2024` means the text "2024", not the number, where the key holds text.
+    # `--set run.dir=2024` means the text "2024", not the number, where the key holds text.
     if isinstance(value, int | float) and _accepts_str(_LEAVES[key]):
         value = text.strip()
     target[parts[-1]] = value

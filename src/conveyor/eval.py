@@ -22,13 +22,21 @@ from conveyor.types import Status, Task, Trajectory
 
 
 def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
-    """A fresh folder under `run.output_dir` (named by `run.name` or the time)."""
-    name = config.run.name or f"{kind}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(config.run.output_dir) / name
+    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty."""
+    if config.run.dir is not None:
+        run_dir = Path(config.run.dir)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise FileExistsError(
+                f"run folder {run_dir} already holds a run; choose another run.dir"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = Path("runs") / f"{kind}-{stamp}"
     suffix = 1
     while run_dir.exists():
         suffix += 1
-        run_dir = Path(config.run.output_dir) / f"{name}-{suffix}"
+        run_dir = Path("runs") / f"{kind}-{stamp}-{suffix}"
     run_dir.mkdir(parents=True)
     return run_dir
 
