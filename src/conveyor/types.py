@@ -3,8 +3,8 @@
 Everything that crosses a process or file boundary is one of these frozen pydantic models, so a
 trajectory written to JSONL reads back equal to what was written (floats, -inf logprobs and all).
 
-Token layout of a trajectory. Each `Turn` holds the full prompt the engine saw and the completion it
-returned. Within one training sample, turn k's `prompt_ids` start with turn k-1's
+Token layout of a trajectory. Each `Turn` holds the full prompt the engine saw and the completion
+it returned. Within one training sample, turn k's `prompt_ids` start with turn k-1's
 `prompt_ids + completion_ids` (the prefix property); the extra tokens between them are template glue,
 tool output and hints, all with loss mask 0. Where a chat template makes the prefix property
 impossible, a new sample starts: `Turn.sample_index` says which sample a turn belongs to and
@@ -30,11 +30,11 @@ class _Frozen(BaseModel):
 class Status(StrEnum):
     """How a rollout ended, and so who owns the outcome.
 
-    - `ok`: the agent finished (called `finish` or answered) within every budget; the reward says how well.
-    - `truncated`: a length budget ran out (prompt, per-turn completion or total context) or the turn
-      budget did; the policy's own result, scored by the task.
-    - `policy_error`: the policy failed on its own terms: no or invalid tool call when one was needed,
-      no answer. Scored by the task (usually reward 0) and trained on.
+    - `ok`: the agent finished (called `finish`) within every budget; the reward says how well.
+    - `truncated`: a length budget ran out (prompt, per-turn completion or total context) or the
+      turn budget did; the policy's own result, scored by the task.
+    - `policy_error`: the policy failed on its own terms: no or invalid tool call when one was
+      needed, no answer. Scored by the task (usually reward 0) and trained on.
     - `timeout`: the rollout's wall-clock budget ran out. Scored by the task.
     - `infra_error`: a sandbox or the engine failed through no fault of the policy. Never scored:
       retried with a fresh runtime, and kept out of the learning signal.
@@ -48,7 +48,7 @@ class Status(StrEnum):
 
 
 class StopReason(StrEnum):
-    """Why one turn's generation stopped (engine side) or why the loop ended after it (agent side)."""
+    """Why one turn's generation stopped, as the engine reports it."""
 
     STOP = "stop"  # the engine hit an end-of-turn / stop token
     LENGTH = "length"  # the per-turn completion budget ran out

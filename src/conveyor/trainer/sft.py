@@ -27,7 +27,10 @@ class OracleEngine:
     """
 
     def __init__(
-        self, tasks: Sequence[Task], encode: Callable[[str], list[int]], eos_token_id: int,
+        self,
+        tasks: Sequence[Task],
+        encode: Callable[[str], list[int]],
+        eos_token_id: int,
         tool_format: str = "hermes",
     ) -> None:
         self._calls: dict[str, list[ToolCall]] = {
