@@ -5,8 +5,8 @@ trajectory written to JSONL reads back equal to what was written (floats, -inf l
 
 Token layout of a trajectory. Each `Turn` holds the full prompt the engine saw and the completion
 it returned. Within one training sample, turn k's `prompt_ids` start with turn k-1's
-`prompt_ids + completion_ids` (the prefix property); the extra tokens between them are template glue,
-tool output and hints, all with loss mask 0. Where a chat template makes the prefix property
+`prompt_ids + completion_ids` (the prefix property); the extra tokens between them are template
+glue, tool output and hints, all with loss mask 0. Where a chat template makes the prefix property
 impossible, a new sample starts: `Turn.sample_index` says which sample a turn belongs to and
 `Trajectory.counters["splits"]` counts the boundaries.
 """
