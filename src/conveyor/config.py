@@ -203,9 +203,45 @@ class TasksConfig(_Section):
 
 
 class DispatchConfig(_Section):
-    """How rollouts are scheduled."""
+    """How rollouts are scheduled.
 
-    max_in_flight: int = Field(default=16, gt=0, description="Most rollouts in progress at once.")
+    - `strategy`: a name in the strategy registry (`batch`, `bounded_batch`, `pipeline`, `auto`).
+    - `max_parallel` (P): trajectories in flight for `bounded_batch`, the wave size for `batch`.
+    - `p_init`, `p_run`, `p_reward`: stage pool widths of `pipeline` (and the start point of
+      `auto`); `init_queue` / `run_queue` / `reward_queue` bound the hand-off queues.
+    - `max_live_runtimes` (R): a hard bound on runtimes alive at once, for every strategy.
+    - `admission_order`: `trajectory_major` (first wave covers every task once) or `group_aware`
+      (all samples of a task admitted together, so whole groups finish early).
+    - Stage timeouts in seconds: init and reward overruns are infrastructure failures. The run
+      stage's wall budget is `agent.rollout_timeout_s` (one key for one setting): the agent loop
+      enforces it and keeps its partial turns; the dispatcher adds a grace period on top.
+    - `max_infra_retries`: fresh-runtime retries of a rollout after an infrastructure failure.
+    """
+
+    strategy: Literal["batch", "bounded_batch", "pipeline", "auto"] = Field(
+        default="pipeline", description="Scheduling strategy."
+    )
+    max_parallel: int = Field(default=96, ge=1, description="P of bounded_batch / batch.")
+    p_init: int = Field(default=32, ge=1, description="Init-stage workers (pipeline).")
+    p_run: int = Field(default=96, ge=1, description="Run-stage workers (pipeline).")
+    p_reward: int = Field(default=32, ge=1, description="Reward-stage workers (pipeline).")
+    init_queue: int = Field(default=32, ge=1, description="Bound of the init hand-off queue.")
+    run_queue: int = Field(default=16, ge=1, description="Bound of the run hand-off queue.")
+    reward_queue: int = Field(default=64, ge=1, description="Bound of the reward hand-off queue.")
+    max_live_runtimes: int = Field(
+        default=128, ge=1, description="R: most runtimes (sandboxes) alive at once."
+    )
+    admission_order: Literal["trajectory_major", "group_aware"] = Field(
+        default="group_aware", description="Order in which rollouts are admitted."
+    )
+    init_timeout_s: float = Field(default=600.0, gt=0, description="Init budget (infra).")
+    reward_timeout_s: float = Field(default=600.0, gt=0, description="Reward budget (infra).")
+    max_infra_retries: int = Field(
+        default=2, ge=0, description="Fresh-runtime retries after an infra failure."
+    )
+    telemetry_interval_s: float = Field(
+        default=1.0, gt=0, description="Seconds between telemetry samples."
+    )
 
 
 class RunConfig(_Section):

@@ -147,13 +147,7 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
         config.sampling,
         rollout_timeout_s=config.agent.rollout_timeout_s,
     )
-    settings = DispatchSettings(
-        strategy="pipeline",
-        max_parallel=config.dispatch.max_in_flight,
-        p_run=config.dispatch.max_in_flight,
-        max_live_runtimes=config.dispatch.max_in_flight * 2,
-        run_timeout_s=config.agent.rollout_timeout_s + 30.0,
-    )
+    settings = DispatchSettings.from_config(config)
     dispatcher = make_dispatcher(settings, stages, engine=client)
     k = config.tasks.group_size
     results: list[Trajectory] = []
