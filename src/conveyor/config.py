@@ -30,11 +30,15 @@ __all__ = [
     "DispatchConfig",
     "EngineConfig",
     "HintsConfig",
+    "LoraConfig",
+    "LossConfig",
     "ModelConfig",
     "ResolvedConfig",
     "RunConfig",
     "SamplingConfig",
     "TasksConfig",
+    "TrainConfig",
+    "TrainerConfig",
     "config_to_yaml",
     "format_config",
     "load_config",
@@ -254,6 +258,126 @@ class RunConfig(_Section):
     )
 
 
+class LossConfig(_Section):
+    """The policy loss (see docs/algorithms.md for the math)."""
+
+    reduction: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
+        default="token_mean", description="Loss reduction over the whole batch."
+    )
+    clip_low: float = Field(default=0.2, ge=0, description="PPO ratio lower clip: 1 - clip_low.")
+    clip_high: float = Field(default=0.2, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
+    dual_clip_c: float | None = Field(
+        default=3.0, description="Dual-clip cap -c*A for negative advantages; null turns it off."
+    )
+    norm_len: int | None = Field(
+        default=None, description="seq_mean_token_sum_norm divisor; null: the batch's longest."
+    )
+    tis: bool = Field(
+        default=False, description="Truncated importance sampling against behaviour logprobs."
+    )
+    tis_cap: float | None = Field(default=2.0, description="TIS weight cap; null: uncapped.")
+    kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference weight.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(default="k3", description="KL estimator.")
+
+
+class LoraConfig(_Section):
+    """Optional LoRA adapters (peft); exported weights are always merged."""
+
+    use_lora: bool = Field(default=False, description="Train LoRA adapters instead of all weights.")
+    lora_rank: int = Field(default=16, gt=0, description="LoRA rank r.")
+    lora_alpha: float = Field(default=32.0, gt=0, description="LoRA alpha.")
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        description="Module names to adapt.",
+    )
+
+
+class TrainerConfig(_Section):
+    """The built-in PyTorch trainer: optimizer, schedule, batching, precision."""
+
+    lr: float = Field(default=1e-6, ge=0, description="Peak learning rate of the RL updates.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW betas."
+    )
+    adam_eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Decay over train.steps."
+    )
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Decay floor as lr ratio.")
+    max_grad_norm: float | None = Field(default=1.0, description="Gradient clipping; null: off.")
+    micro_batch_tokens: int = Field(
+        default=4096, gt=0, description="Padded tokens per forward/backward pass."
+    )
+    train_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="bfloat16 autocasts forward/backward where supported."
+    )
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    fsdp: bool = Field(default=False, description="Shard with FSDP2 over the process group.")
+    train_device: str = Field(default="auto", description="auto | cpu | cuda[:n].")
+    train_seed: int = Field(default=0, description="Seed of the trainer's torch RNG.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="The policy loss.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+
+
+class TrainConfig(_Section):
+    """The RL loop: steps, data, sync/async, statuses, evaluation, checkpoints, warm start."""
+
+    steps: int = Field(default=10, ge=0, description="RL updates to make.")
+    tasks_per_step: int = Field(
+        default=8, gt=0, description="Task instances per update (each sampled tasks.group_size)."
+    )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="async: generation for step k+1 overlaps the update of step k.",
+    )
+    max_staleness: int = Field(
+        default=1, ge=0, description="Samples older than this many policy versions are dropped."
+    )
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        default="grpo", description="Advantage estimator."
+    )
+    scale_by_std: bool = Field(default=True, description="GRPO: divide by the group's std.")
+    truncated: Literal["score", "mask"] = Field(
+        default="score", description="Truncated trajectories: trained with their score, or masked."
+    )
+    incomplete_group: Literal["train_partial", "drop"] = Field(
+        default="train_partial", description="Groups still missing samples after infra retries."
+    )
+    min_partial_size: int = Field(default=2, ge=1, description="Smallest partial group trained.")
+    filter_zero_variance_groups: bool = Field(
+        default=False, description="Drop groups whose rewards are all equal (always counted)."
+    )
+    eval_tasks: int = Field(
+        default=0, ge=0, description="Held-out instances per family, evaluated before and after."
+    )
+    eval_every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
+    eval_temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of evaluations (0 = greedy)."
+    )
+    checkpoint_every: int = Field(default=1, ge=0, description="Checkpoint every N steps; 0: off.")
+    keep_checkpoints: int = Field(default=2, gt=0, description="Newest checkpoints kept.")
+    sft_steps: int = Field(
+        default=0, ge=0, description="Supervised warm-start updates on oracle traces first."
+    )
+    sft_tasks: int = Field(default=64, gt=0, description="Oracle traces per family for SFT.")
+    sft_batch_size: int = Field(default=16, gt=0, description="Oracle traces per SFT update.")
+    sft_lr: float = Field(default=1e-4, ge=0, description="Learning rate of the warm start.")
+    export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
+    tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
+    wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
+
+
 class ConveyorConfig(_Section):
     """The whole configuration of one conveyor run."""
 
@@ -264,6 +388,8 @@ class ConveyorConfig(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="The task set.")
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig, description="Scheduling.")
     run: RunConfig = Field(default_factory=RunConfig, description="Run outputs.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The RL loop.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The trainer.")
 
 
 @dataclass(frozen=True)

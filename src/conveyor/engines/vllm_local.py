@@ -178,8 +178,13 @@ class VLLMEngine:
         self._waiters.pop(request_id, None)
         self._engine.abort_request([request_id])
 
-    async def update_weights(self, weights: Iterable[tuple[str, Any]]) -> float:
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+    ) -> float:
         """Load new weights (HF names, full tensors) into the live engine; returns seconds taken.
+
+        `version` sets the policy version the new weights carry (the trainer's, so staleness is
+        measured on one scale also after a resume); by default the version goes up by one.
 
         Runs between engine steps. Requests already running continue on the new weights; the
         dispatcher drains the run stage first when it wants strictly on-policy samples.
@@ -192,7 +197,7 @@ class VLLMEngine:
                 runner = self._engine.model_executor.driver_worker.worker.model_runner
                 runner.reload_weights(weights_iterator=iter(weights))
                 self._engine.reset_prefix_cache()
-                self._version += 1
+                self._version = self._version + 1 if version is None else version
                 done.set_result(time.perf_counter() - start)
             except BaseException as exc:
                 done.set_exception(exc)

@@ -1,0 +1,101 @@
+"""The `conveyor bench trainer` command; `register(bench_app)` mounts it on the bench sub-app.
+
+Kept light at import: torch and transformers load inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the `trainer` command to `bench_app`."""
+    bench_app.command("trainer")(trainer)
+
+
+def trainer(
+    model: Annotated[
+        str, typer.Option(help="default (embedded SmolLM2), tiny, or a HF folder")
+    ] = "default",
+    steps: Annotated[int, typer.Option(min=1, help="measured steps per side (median)")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="unmeasured steps per side first")] = 2,
+    batch_size: Annotated[int, typer.Option(min=1, help="sequences per step")] = 4,
+    seq_len: Annotated[
+        int, typer.Option(min=2, help="longest sequence (lengths vary 3/4-1x)")
+    ] = 256,
+    micro_batch_tokens: Annotated[int, typer.Option(min=1, help="padded tokens per pass")] = 512,
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads per side (default: all)")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="tiny random model, 4x32 tokens: a smoke run")
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
+) -> None:
+    """Train-step tokens/s and peak memory of the engine against a plain transformers loop.
+
+    The last line printed is one JSON object with `tokens_per_s`, `baseline_tokens_per_s`,
+    `ratio` and `peak_rss_mb`.
+    """
+    from conveyor.bench.trainer import TrainerBenchSpec, run_trainer_bench, tiny_model_dir
+
+    temporary: Path | None = None
+    if quick:
+        model, seq_len, micro_batch_tokens = "tiny", 32, 64
+    if model == "tiny":
+        temporary = tiny_model_dir()
+        model_dir = temporary
+    elif model == "default":
+        from conveyor.models import check_model_dir, default_model_dir
+
+        model_dir = check_model_dir(default_model_dir())
+    else:
+        model_dir = Path(model)
+        if not (model_dir / "config.json").is_file():
+            raise typer.BadParameter(f"{model_dir} is not a HF model folder", param_hint="--model")
+    spec = TrainerBenchSpec(
+        model_dir=str(model_dir),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        micro_batch_tokens=micro_batch_tokens,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+    )
+    try:
+        report = run_trainer_bench(spec)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    report["model"] = model
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if not json_out:
+        _print_summary(report)
+    print(json.dumps(report))
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    batch = report["batch"]
+    print(
+        f"model {report['model']} on {report['device']}: {batch['sequences']} sequences, "
+        f"{batch['tokens']} tokens ({batch['padded_tokens']} padded) in "
+        f"{batch['micro_batches']} micro-batches"
+    )
+    print(f"{'':<10}{'tokens/s':>12}{'step s':>10}{'peak RSS MB':>14}")
+    print(
+        f"{'engine':<10}{report['tokens_per_s']:>12.1f}{report['step_s_median']:>10.3f}"
+        f"{report['peak_rss_mb']:>14.0f}"
+    )
+    print(
+        f"{'baseline':<10}{report['baseline_tokens_per_s']:>12.1f}"
+        f"{report['baseline_step_s_median']:>10.3f}{report['baseline_peak_rss_mb']:>14.0f}"
+    )
+    print(f"ratio {report['ratio']:.3f} (tokens/s), {report['rss_ratio']:.3f} (peak RSS)")

@@ -1,0 +1,112 @@
+"""A small in-process sampler on plain transformers, for tiny models and engine-free tests.
+
+Not a serving engine: requests run one at a time in a worker thread with the model's own forward
+pass, token by token with a KV cache. What it offers is exactness and control: the sampled ids
+and their logprobs come from the very weights the trainer exports (`update_weights`), and a
+request's `seed` makes its sample reproducible. Use vLLM for anything of size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from conveyor.engines.base import EngineError, SampleRequest, SampleResult
+
+
+class HFEngine:
+    """`SamplingClient` over a transformers causal LM on the CPU (or one GPU)."""
+
+    def __init__(self, model_dir: str | Path, *, eos_token_id: int | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self._torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.eval()
+        config_eos = self.model.config.eos_token_id
+        self.eos_token_id = eos_token_id if eos_token_id is not None else config_eos
+        self._lock = threading.Lock()
+        self._version = 0
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet answered."""
+        return self._in_flight
+
+    @property
+    def policy_version(self) -> int:
+        """Bumped by every `update_weights`."""
+        return self._version
+
+    async def sample(self, request: SampleRequest) -> SampleResult:
+        """Sample one completion (ancestral sampling; temperature 0 is greedy)."""
+        self._in_flight += 1
+        try:
+            return await asyncio.to_thread(self._sample, request)
+        except (RuntimeError, ValueError) as exc:
+            raise EngineError(f"HF sampler failed: {exc}") from exc
+        finally:
+            self._in_flight -= 1
+
+    def _sample(self, request: SampleRequest) -> SampleResult:
+        torch = self._torch
+        stops = set(request.stop_token_ids)
+        if self.eos_token_id is not None:
+            stops.add(int(self.eos_token_id))
+        generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        with self._lock, torch.no_grad():
+            version = self._version
+            inputs = torch.tensor([request.prompt_ids])
+            past: Any = None
+            reason = "length"
+            for _ in range(request.max_tokens):
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float()
+                if request.temperature > 0:
+                    logp = torch.log_softmax(logits / request.temperature, dim=-1)
+                    token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+                else:
+                    logp = torch.log_softmax(logits, dim=-1)
+                    token = int(torch.argmax(logp))
+                ids.append(token)
+                logprobs.append(float(logp[token]))
+                if token in stops:
+                    reason = "stop"
+                    break
+                inputs = torch.tensor([[token]])
+        return SampleResult(
+            token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
+        )
+
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+    ) -> float:
+        """Load new weights (HF names) in place; returns seconds taken.
+
+        `version` sets the policy version the new weights carry (the trainer's); by default +1.
+        """
+        import time
+
+        start = time.perf_counter()
+
+        def load() -> None:
+            with self._lock:
+                state = {name: tensor.detach().clone() for name, tensor in weights}
+                _missing, unexpected = self.model.load_state_dict(state, strict=False)
+                if unexpected:
+                    raise EngineError(f"unknown weights: {unexpected[:5]}")
+                self._version = self._version + 1 if version is None else version
+
+        await asyncio.to_thread(load)
+        return time.perf_counter() - start
+
+    async def close(self) -> None:
+        """Nothing to release beyond the model object."""

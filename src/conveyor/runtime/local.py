@@ -1,0 +1,134 @@
+"""The local runtime: commands as plain subprocesses in the workspace, with limits but no isolation.
+
+For machines where bubblewrap cannot run. Commands get the same rlimits and are killed as a
+process group (plus anything still carrying the runtime's marker variable), but they see the
+whole file system and the network, run as the calling user (as root, the process-count limit does
+not bind), and can outlive a kill by clearing their environment and leaving the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+from conveyor.runtime.base import ExecResult, RuntimeFailure
+from conveyor.runtime.limits import (
+    MARKER_ENV,
+    SandboxLimits,
+    kill_marked,
+    prlimit_argv,
+    run_limited,
+)
+from conveyor.runtime.workspace_files import WorkspaceFiles
+
+log = logging.getLogger(__name__)
+
+NO_ISOLATION_WARNING = (
+    "LocalRuntime does not isolate: agent commands run as this user with full file-system and "
+    "network access (only rlimits and process-group kills apply). Use BubblewrapRuntime or "
+    "DockerRuntime for untrusted commands."
+)
+_warned = False
+
+
+class LocalRuntime:
+    """A `Runtime` running `bash -c` in a host workspace folder under `SandboxLimits`.
+
+    The agent sees the workspace at its real host path (`root`). File operations are confined to
+    the workspace like the sandboxed runtimes'. Warns once per process that it does not isolate.
+    """
+
+    def __init__(
+        self,
+        workspace: Path,
+        *,
+        limits: SandboxLimits | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.workspace = Path(os.path.realpath(workspace))
+        self.limits = limits if limits is not None else SandboxLimits()
+        self.extra_env = dict(env or {})
+        self.sandbox_id = f"local-{uuid.uuid4().hex[:12]}"
+        self.files = WorkspaceFiles(self.workspace, str(self.workspace))
+        self._started = False
+        self._closed = False
+
+    @property
+    def root(self) -> str:
+        """The workspace path as commands see it (the host path)."""
+        return str(self.workspace)
+
+    async def start(self) -> None:
+        """Check the workspace and `prlimit`; warn (once) that nothing is isolated."""
+        if self._closed:
+            raise RuntimeFailure("local runtime is closed and cannot be started again")
+        if not self.workspace.is_dir():
+            raise RuntimeFailure(f"workspace {self.workspace} is not a folder")
+        if shutil.which("prlimit") is None:
+            raise RuntimeFailure("prlimit (util-linux) is not on PATH; it applies the limits")
+        _warn_once()
+        self._started = True
+
+    async def exec(self, command: str, timeout_s: float) -> ExecResult:
+        """Run `command` with bash in the workspace; its process group dies when it ends."""
+        self._check_usable()
+        env = {**os.environ, "PAGER": "cat", "GIT_PAGER": "cat", **self.extra_env}
+        env[MARKER_ENV] = self.sandbox_id
+        shell = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
+        return await run_limited(
+            [*prlimit_argv(self.limits), shell, "-c", command],
+            timeout_s=timeout_s,
+            output_bytes=self.limits.output_bytes,
+            cwd=self.workspace,
+            env=env,
+            cleanup=self._kill_leftovers,
+        )
+
+    async def read_file(self, path: str) -> str:
+        """Read a workspace file; `PermissionError` for a path resolving outside the workspace."""
+        self._check_usable()
+        return self.files.read(path)
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Atomically replace or create a workspace file."""
+        self._check_usable()
+        self.files.write(path, content)
+
+    async def list_dir(self, path: str) -> list[str]:
+        """Entries of a workspace folder, folders with a trailing '/'."""
+        self._check_usable()
+        return self.files.list(path)
+
+    def alive(self) -> bool:
+        """Started and not yet closed."""
+        return self._started and not self._closed
+
+    async def close(self) -> None:
+        """Kill leftovers of this runtime's commands; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._kill_leftovers()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeFailure("local runtime is closed")
+        if not self._started:
+            raise RuntimeFailure("local runtime was never started")
+
+    def _kill_leftovers(self) -> None:
+        kill_marked(self.sandbox_id)
+
+
+def _warn_once() -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    log.warning(NO_ISOLATION_WARNING)
+    warnings.warn(NO_ISOLATION_WARNING, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,189 @@
+"""The training-backend protocol: what the RL loop hands a trainer, and what it gets back.
+
+A backend takes one batch of token-exact training samples, each with its trajectory's advantage
+(see `conveyor.trainer.advantages.assign_to_samples`), makes exactly one optimizer update, and
+hands its new weights to the sampling side. The built-in `TorchTrainingEngine`
+(`conveyor.trainer.engine`) implements it; bridges to Tinker, SkyRL-train or VeRL implement the
+same methods. The loop talks to a backend only through this protocol.
+
+This module imports no torch: `Tensor` appears in annotations only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from conveyor.types import TrainingSample
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One update's worth of data: training samples with their advantages.
+
+    `items[i] = (sample, advantage)`: the advantage goes to every loss-masked token of the sample.
+    `ref_logprobs[i]`, when given, are a reference policy's logprobs of `items[i]`'s tokens,
+    aligned with its `input_ids` like `TrainingSample.logprobs` (the KL penalty needs them).
+    """
+
+    items: Sequence[tuple[TrainingSample, float]]
+    ref_logprobs: Sequence[Sequence[float]] | None = None
+
+    def __post_init__(self) -> None:
+        for i, (sample, _) in enumerate(self.items):
+            n = len(sample.input_ids)
+            if len(sample.loss_mask) != n or len(sample.logprobs) != n:
+                raise ValueError(
+                    f"sample {i}: {n} input ids, {len(sample.loss_mask)} loss-mask entries and "
+                    f"{len(sample.logprobs)} logprobs; they must be aligned"
+                )
+        if self.ref_logprobs is not None:
+            if len(self.ref_logprobs) != len(self.items):
+                raise ValueError(
+                    f"{len(self.ref_logprobs)} reference logprob rows for {len(self.items)} samples"
+                )
+            for i, ((sample, _), ref) in enumerate(zip(self.items, self.ref_logprobs, strict=True)):
+                if len(ref) != len(sample.input_ids):
+                    raise ValueError(
+                        f"sample {i}: {len(ref)} reference logprobs for "
+                        f"{len(sample.input_ids)} input ids"
+                    )
+
+    @property
+    def samples(self) -> list[TrainingSample]:
+        """The samples, in order."""
+        return [sample for sample, _ in self.items]
+
+    @property
+    def trained_tokens(self) -> int:
+        """Tokens with loss mask 1 over the whole batch."""
+        return sum(sum(1 for m in sample.loss_mask if m) for sample, _ in self.items)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one update did, for `metrics.jsonl` and the console.
+
+    - `loss`: the batch loss (the configured reduction over the whole batch, not one micro-batch).
+    - `grad_norm`: the global L2 norm of the gradient before clipping.
+    - `lr`: the learning rate this update used.
+    - `tokens`: non-padding tokens processed; `trained_tokens`: those with loss mask 1.
+    - `tokens_per_s`: `tokens` over the wall time of the step.
+    - `logprob_diff_mean` / `logprob_diff_max`: mean and max of |trainer logprob - behaviour
+      logprob| over trained tokens, under the parameters that start the update. A broken weight
+      sync or chat template shows up here at once (see `docs/algorithms.md`).
+    - `policy_version`: the version after this update.
+    - `metrics`: further loss diagnostics (`clip_fraction`, `approx_kl`, ...).
+    """
+
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    trained_tokens: int
+    tokens_per_s: float
+    logprob_diff_mean: float
+    logprob_diff_max: float
+    policy_version: int
+    step_time_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self, prefix: str = "train/") -> dict[str, float]:
+        """Flat float metrics, names prefixed, for `metrics.jsonl`."""
+        out = {
+            f"{prefix}{name}": float(getattr(self, name))
+            for name in (
+                "loss",
+                "grad_norm",
+                "lr",
+                "tokens",
+                "trained_tokens",
+                "tokens_per_s",
+                "logprob_diff_mean",
+                "logprob_diff_max",
+                "policy_version",
+                "step_time_s",
+            )
+        }
+        out.update({f"{prefix}{name}": value for name, value in self.metrics.items()})
+        return out
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """A trainer the RL loop can drive: one update per batch, weights out to the sampler."""
+
+    @property
+    def policy_version(self) -> int:
+        """How many updates the current weights have had; starts at 0, +1 per `step`.
+
+        Samplers stamp turns with the version they generated under, so the loop can measure
+        staleness as this value minus a trajectory's oldest turn version.
+        """
+        ...
+
+    def step(self, batch: TrainBatch) -> StepResult:
+        """Make exactly one optimizer update from the whole batch and return its metrics.
+
+        The loss over the batch is the same however the backend splits it into micro-batches
+        or devices. Samples' `logprobs` are the behaviour (engine) logprobs; they feed the
+        agreement probe and, where configured, truncated importance sampling.
+        """
+        ...
+
+    def compute_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """The current policy's logprob of every token of each sample, aligned with `input_ids`.
+
+        Position 0 has no predecessor and holds 0.0. No parameters change.
+        """
+        ...
+
+    def export_weights(self) -> Iterable[tuple[str, Tensor]]:
+        """Full (unsharded) weights under their Hugging Face names, LoRA merged when used.
+
+        Exactly what a sampling engine's `update_weights` takes. Under several processes every
+        rank must iterate it (gathering shards is collective).
+        """
+        ...
+
+    def save(self, path: Path) -> None:
+        """Write everything needed to continue training exactly into the folder `path`.
+
+        Not atomic by itself: `conveyor.trainer.checkpoint.save_checkpoint` wraps it in a
+        temporary folder and a rename.
+        """
+        ...
+
+    def load(self, path: Path) -> None:
+        """Restore the state written by `save`, so the next `step` is the one that followed."""
+        ...
+
+
+def logprob_agreement(
+    samples: Sequence[TrainingSample], trainer_logprobs: Sequence[Sequence[float]]
+) -> dict[str, float]:
+    """Mean and max |trainer logprob - behaviour logprob| over the trained tokens of `samples`.
+
+    The probe of issue 4 point 8: with `trainer_logprobs = backend.compute_logprobs(samples)`
+    right after a weight sync, both numbers should be near 0 (numerics only); a wrong sync, chat
+    template or temperature shows up as a large max at once. `TrainingBackend.step` reports the
+    same numbers for every batch it trains on.
+    """
+    if len(samples) != len(trainer_logprobs):
+        raise ValueError(f"{len(trainer_logprobs)} logprob rows for {len(samples)} samples")
+    total, count, worst = 0.0, 0, 0.0
+    for sample, row in zip(samples, trainer_logprobs, strict=True):
+        if len(row) != len(sample.input_ids):
+            raise ValueError(f"{len(row)} logprobs for {len(sample.input_ids)} tokens")
+        for trained, behaviour, trainer in zip(sample.loss_mask, sample.logprobs, row, strict=True):
+            if trained:
+                diff = abs(trainer - behaviour)
+                total += diff
+                count += 1
+                worst = max(worst, diff)
+    return {"mean": total / count if count else 0.0, "max": worst}

@@ -1,0 +1,402 @@
+"""The built-in training backend: PyTorch + transformers, optional LoRA (peft) and FSDP2.
+
+`TorchTrainingEngine.step` makes one AdamW update from a `TrainBatch`:
+
+1. Plan micro-batches by a padded-token budget (`conveyor.trainer.batching`), right-padded.
+   Causal attention means a real token never attends to the padding after it, so no attention
+   mask is passed and the fast causal kernel runs; outputs at real positions are unchanged.
+2. Per micro-batch: forward, `sequence_logprobs`, `policy_loss`, backward. Because `step` is
+   exactly one optimizer update, the parameters that start the update are the current ones, so
+   the "old" logprobs are the detached logprobs of this same forward: equal in value to a
+   separate no-grad pass, one forward cheaper. The agreement probe |old - behaviour| is taken
+   from them too.
+3. Gradient accumulation with global normalisation. `policy_loss` normalises within one call,
+   so micro-batch k's loss is multiplied by its share of the batch-wide denominator:
+   `token_mean`: trained tokens in k / trained tokens in the batch;
+   `seq_mean_token_mean`: sequences with a trained token in k / those in the batch;
+   `seq_mean_token_sum_norm`: sequences in k / sequences in the batch, with `norm_len` fixed for
+   the whole batch (default: its longest sequence). The summed gradient is then that of the
+   batch loss in one call, whatever the budget (tests/trainer/test_engine.py checks it).
+4. Clip the global gradient norm, AdamW step, LR schedule step, `policy_version += 1`.
+
+Under FSDP every rank gets the same full batch, runs its share of the micro-batches (padded with
+empty ones so all ranks run the same number of passes), and scales its loss by the world size to
+undo FSDP's gradient averaging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from conveyor.trainer import checkpoint
+from conveyor.trainer.backend import StepResult, TrainBatch
+from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
+from conveyor.trainer.fsdp import all_reduce_floats, full_tensor, shard_model, world
+from conveyor.trainer.losses import policy_loss, sequence_logprobs
+from conveyor.trainer.settings import LoraSettings, LossSettings, TrainerSettings
+from conveyor.types import TrainingSample
+
+__all__ = ["LoraSettings", "LossSettings", "TorchTrainingEngine", "TrainerSettings", "lr_factor"]
+
+_LOSS_METRICS = ("clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean")
+
+
+def lr_factor(step: int, settings: TrainerSettings) -> float:
+    """The multiplier of the peak LR at update `step` (0-based).
+
+    Linear warm-up `(step + 1) / warmup_steps`, then constant, or a cosine or linear decay from
+    1 to `min_lr_ratio` over the remaining `total_steps - warmup_steps` updates.
+    """
+    if step < settings.warmup_steps:
+        return (step + 1) / settings.warmup_steps
+    if settings.schedule == "constant" or settings.total_steps is None:
+        return 1.0
+    span = max(settings.total_steps - settings.warmup_steps, 1)
+    progress = min(max((step - settings.warmup_steps) / span, 0.0), 1.0)
+    if settings.schedule == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        shape = 1.0 - progress
+    return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * shape
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is the current CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else (torch.device("cpu"))
+        )
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    input_ids: Tensor
+    loss_mask: Tensor
+    behaviour: Tensor
+    advantages: Tensor
+    ref: Tensor | None
+
+
+@dataclass
+class _Totals:
+    """Accumulators over this rank's micro-batches; summed over ranks at the end."""
+
+    loss: float = 0.0
+    diff_sum: float = 0.0
+    diff_max: float = 0.0
+    metric_sums: dict[str, float] | None = None
+
+    def add_metrics(self, metrics: dict[str, float], tokens: int) -> None:
+        sums = self.metric_sums if self.metric_sums is not None else {}
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + value * tokens
+        self.metric_sums = sums
+
+
+class TorchTrainingEngine:
+    """`TrainingBackend` on a Hugging Face causal LM folder (see the module docstring)."""
+
+    def __init__(self, model_dir: Path | str, settings: TrainerSettings | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.settings = settings = settings or TrainerSettings()
+        self.device = resolve_device(settings.device)
+        self._autocast_dtype = _autocast_dtype(settings, self.device)
+        torch.manual_seed(settings.seed)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model.config.use_cache = False
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if settings.lora.enabled:
+            model = _add_lora(model, settings.lora)
+        model.to(self.device)
+        self.rank, self.world_size = world()
+        if settings.fsdp:
+            shard_model(model, self.device)
+        elif self.world_size > 1:
+            raise ValueError("torch.distributed is initialised with several ranks: set fsdp: true")
+        self.model: nn.Module = model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self._params,
+            lr=settings.lr,
+            betas=settings.betas,
+            eps=settings.eps,
+            weight_decay=settings.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: lr_factor(step, settings)
+        )
+        self._version = 0
+
+    @property
+    def policy_version(self) -> int:
+        """Updates made so far (restored by `load`)."""
+        return self._version
+
+    # -- training ------------------------------------------------------------------------------
+
+    def step(self, batch: TrainBatch) -> StepResult:
+        """One AdamW update over the whole batch; see the module docstring for the steps."""
+        start = time.perf_counter()
+        items = batch.items
+        if not items:
+            raise ValueError("empty training batch")
+        lengths = [len(sample.input_ids) for sample, _ in items]
+        counts = [sum(1 for m in sample.loss_mask if m) for sample, _ in items]
+        denominators = {
+            "token_mean": max(sum(counts), 1),
+            "seq_mean_token_mean": max(sum(1 for c in counts if c), 1),
+            "seq_mean_token_sum_norm": len(items),
+        }
+        loss_settings = self.settings.loss
+        norm_len = loss_settings.norm_len or max(lengths)
+        plan = plan_micro_batches(lengths, self.settings.micro_batch_tokens)
+        mine = self._share_of(plan)
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = _Totals()
+        for micro in mine:
+            tensors = self._collate(batch, micro)
+            logprobs = self._logprobs(tensors.input_ids)
+            old = logprobs.detach()
+            loss, metrics = policy_loss(
+                logprobs,
+                old,
+                tensors.advantages,
+                tensors.loss_mask,
+                clip_low=loss_settings.clip_low,
+                clip_high=loss_settings.clip_high,
+                dual_clip_c=loss_settings.dual_clip_c,
+                reduction=loss_settings.reduction,
+                norm_len=norm_len,
+                behaviour_logprobs=tensors.behaviour if loss_settings.tis else None,
+                tis_cap=loss_settings.tis_cap,
+                ref_logprobs=tensors.ref,
+                kl_coef=loss_settings.kl_coef,
+                kl_estimator=loss_settings.kl_estimator,
+            )
+            weight = (
+                _micro_weight(loss_settings.reduction, micro, counts)
+                / denominators[loss_settings.reduction]
+            )
+            (loss * (weight * self.world_size)).backward()
+            totals.loss += float(loss.detach()) * weight
+            mask = tensors.loss_mask.bool()
+            diff = torch.where(mask, (old - tensors.behaviour).abs(), 0.0)
+            totals.diff_sum += float(diff.sum())
+            totals.diff_max = max(totals.diff_max, float(diff.max()))
+            totals.add_metrics(metrics, sum(counts[i] for i in micro.indices))
+
+        grad_norm = self._clip_gradients()
+        lr = float(self.scheduler.get_last_lr()[0])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._version += 1
+
+        names = sorted(totals.metric_sums or {})
+        sums = all_reduce_floats(
+            [totals.loss, totals.diff_sum, *[(totals.metric_sums or {})[n] for n in names]],
+            self.device,
+        )
+        (diff_max,) = all_reduce_floats([totals.diff_max], self.device, op="max")
+        trained = sum(counts)
+        elapsed = time.perf_counter() - start
+        return StepResult(
+            loss=sums[0],
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=sum(lengths),
+            trained_tokens=trained,
+            tokens_per_s=sum(lengths) / elapsed,
+            logprob_diff_mean=sums[1] / max(trained, 1),
+            logprob_diff_max=diff_max,
+            policy_version=self._version,
+            step_time_s=elapsed,
+            metrics={n: s / max(trained, 1) for n, s in zip(names, sums[2:], strict=True)},
+        )
+
+    def compute_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """Current-policy logprobs of each sample's tokens (position 0 is 0.0), in eval mode.
+
+        Under FSDP every rank must call it with the same samples (forwards are collective).
+        """
+        if not samples:
+            return []
+        batch = TrainBatch(items=[(sample, 0.0) for sample in samples])
+        plan = plan_micro_batches(
+            [len(s.input_ids) for s in samples], self.settings.micro_batch_tokens
+        )
+        out: list[list[float]] = [[] for _ in samples]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for micro in plan:
+                    logprobs = self._logprobs(self._collate(batch, micro).input_ids).cpu()
+                    for row, i in enumerate(micro.indices):
+                        out[i] = logprobs[row, : len(samples[i].input_ids)].tolist()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    # -- weights and state ---------------------------------------------------------------------
+
+    def export_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Full weights under Hugging Face names (LoRA merged), detached; collective under FSDP."""
+        if self.settings.lora.enabled:
+            yield from _merged_lora_weights(self.model)
+            return
+        for name, tensor in self.model.state_dict().items():
+            yield name, full_tensor(tensor).detach()
+
+    def save(self, path: Path) -> None:
+        """Model (or adapter) safetensors, optimizer, scheduler and counters into `path`."""
+        checkpoint.write_training_state(
+            Path(path),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            trainable_only=self.settings.lora.enabled,
+            state={"policy_version": self._version},
+        )
+
+    def load(self, path: Path) -> None:
+        """Restore what `save` wrote; the settings must describe the same model layout."""
+        state = checkpoint.read_training_state(
+            Path(path),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            trainable_only=self.settings.lora.enabled,
+        )
+        self._version = int(state["policy_version"])
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _share_of(self, plan: list[MicroBatch]) -> list[MicroBatch]:
+        if self.world_size == 1:
+            return plan
+        ranks = assign_to_ranks(plan, self.world_size)
+        mine = ranks[self.rank]
+        # an empty micro-batch keeps the collective forward/backward count equal on all ranks
+        return mine + [MicroBatch((), 1)] * (max(len(r) for r in ranks) - len(mine))
+
+    def _collate(self, batch: TrainBatch, micro: MicroBatch) -> _Tensors:
+        rows = len(micro.indices) or 1
+        length = micro.padded_length
+        ids = torch.zeros(rows, length, dtype=torch.long)
+        mask = torch.zeros(rows, length, dtype=torch.long)
+        behaviour = torch.zeros(rows, length, dtype=torch.float32)
+        advantages = torch.zeros(rows, dtype=torch.float32)
+        ref = None if batch.ref_logprobs is None else torch.zeros(rows, length)
+        for row, i in enumerate(micro.indices):
+            sample, advantage = batch.items[i]
+            n = len(sample.input_ids)
+            ids[row, :n] = torch.tensor(sample.input_ids)
+            mask[row, :n] = torch.tensor(sample.loss_mask)
+            behaviour[row, :n] = torch.tensor(sample.logprobs)
+            advantages[row] = advantage
+            if ref is not None and batch.ref_logprobs is not None:
+                ref[row, :n] = torch.tensor(batch.ref_logprobs[i])
+        return _Tensors(
+            input_ids=ids.to(self.device),
+            loss_mask=mask.to(self.device),
+            behaviour=behaviour.to(self.device),
+            advantages=advantages.to(self.device),
+            ref=None if ref is None else ref.to(self.device),
+        )
+
+    def _logprobs(self, input_ids: Tensor) -> Tensor:
+        autocast = (
+            torch.autocast(self.device.type, dtype=self._autocast_dtype)
+            if self._autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = self.model(input_ids=input_ids, use_cache=False).logits
+        return sequence_logprobs(logits, input_ids, temperature=self.settings.temperature)
+
+    def _clip_gradients(self) -> float:
+        max_norm = self.settings.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(
+            self._params, max_norm if max_norm is not None else math.inf
+        )
+        value = float(full_tensor(norm))
+        if not math.isfinite(value):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"gradient norm is {value}; the update was not applied (check the loss inputs)"
+            )
+        return value
+
+
+def _micro_weight(reduction: str, micro: MicroBatch, counts: Sequence[int]) -> float:
+    """Micro-batch k's numerator of its share of the batch denominator (module docstring)."""
+    if reduction == "token_mean":
+        return float(sum(counts[i] for i in micro.indices))
+    if reduction == "seq_mean_token_mean":
+        return float(sum(1 for i in micro.indices if counts[i]))
+    return float(len(micro.indices))
+
+
+def _autocast_dtype(settings: TrainerSettings, device: torch.device) -> torch.dtype | None:
+    if settings.dtype == "float32":
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype bfloat16 requested but {device} does not support bf16")
+    if not torch.amp.autocast_mode.is_autocast_available(device.type):
+        raise ValueError(f"dtype bfloat16 requested but autocast is unavailable on {device}")
+    return torch.bfloat16
+
+
+def _add_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)  # type: ignore[arg-type]
+
+
+def _merged_lora_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Base weights plus each adapter's delta, under the base model's own names."""
+    from peft.tuners.lora import LoraLayer
+
+    base: Any = model.base_model.model  # type: ignore[union-attr]
+    deltas: dict[str, Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            layer: Any = module
+            delta = [layer.get_delta_weight(adapter) for adapter in layer.active_adapters]
+            deltas[f"{name}.base_layer.weight"] = torch.stack(delta).sum(0)
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        value = full_tensor(tensor).detach()
+        if name in deltas:
+            value = value + full_tensor(deltas[name]).detach()
+        yield name.replace(".base_layer.", "."), value

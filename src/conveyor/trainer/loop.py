@@ -1,0 +1,296 @@
+"""The RL loop: tasks -> dispatcher -> groups -> statuses -> advantages -> update -> weight sync.
+
+`RLLoop` is generic over the rollout stages and the training backend: the agent recipes hand it
+`AgentStages`, tests hand it tiny stages of their own. It talks to the trainer only through the
+`TrainingBackend` protocol and to the engine only through `update_weights`.
+
+Modes:
+- `sync`: each step's rollouts are generated with the current weights, then the update runs.
+- `async`: the rollouts of step k+1 are generated while step k trains; the engine takes the new
+  weights between its own steps, so a trajectory may mix two policy versions. Staleness of a
+  trajectory = the policy version being trained minus the oldest version among its turns; samples
+  staler than `train.max_staleness` are dropped and counted, never trained.
+
+Every step appends one line to `metrics.jsonl`; checkpoints carry the data cursor and step, so
+`--resume` continues with the next step and neither repeats nor skips one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conveyor.config import ConveyorConfig
+from conveyor.dispatch.config import DispatchSettings
+from conveyor.dispatch.factory import make_dispatcher
+from conveyor.dispatch.stages import RolloutStages
+from conveyor.trainer.advantages import assign_to_samples, get_advantage, group_rewards
+from conveyor.trainer.backend import StepResult, TrainBatch, TrainingBackend
+from conveyor.trainer.filtering import StatusPolicy, select
+from conveyor.types import Status, Task, TrainingSample, TrajectoryGroup
+
+# Hands exported weights and the policy version they carry to the sampling side; returns seconds.
+WeightSync = Callable[[Iterable[tuple[str, Any]], int], Awaitable[float]]
+
+
+@dataclass
+class TaskStream:
+    """An endless, seeded order over the training tasks; `cursor` is all a checkpoint needs."""
+
+    tasks: Sequence[Task]
+    seed: int
+    cursor: int = 0
+
+    def take(self, n: int) -> list[Task]:
+        """The next `n` tasks (a fresh shuffle each epoch, decided by seed and epoch alone)."""
+        out = [self._at(self.cursor + i) for i in range(n)]
+        self.cursor += n
+        return out
+
+    def _at(self, index: int) -> Task:
+        epoch, offset = divmod(index, len(self.tasks))
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return self.tasks[order[offset]]
+
+
+@dataclass
+class StepRecord:
+    """What one step did, as written to `metrics.jsonl`."""
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def staleness(sample: TrainingSample, version: int) -> int:
+    """Policy versions between the oldest turn of a sample and the weights being trained."""
+    return version - sample.min_policy_version
+
+
+class RLLoop:
+    """Drives rollouts and updates for `config.train.steps` steps."""
+
+    def __init__(
+        self,
+        config: ConveyorConfig,
+        stages: RolloutStages,
+        backend: TrainingBackend,
+        sync_weights: WeightSync,
+        train_tasks: Sequence[Task],
+        run_dir: Path,
+        *,
+        engine_probe: Any = None,
+        on_step: Callable[[StepRecord], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.train = config.train
+        self.stages = stages
+        self.backend = backend
+        self.sync_weights = sync_weights
+        self.stream = TaskStream(train_tasks, config.tasks.task_seed)
+        self.run_dir = run_dir
+        self.engine_probe = engine_probe
+        self.on_step = on_step
+        self.step = 0
+        self.policy = StatusPolicy(
+            truncated=self.train.truncated,
+            incomplete_group=self.train.incomplete_group,
+            min_partial_size=self.train.min_partial_size,
+            filter_zero_variance_groups=self.train.filter_zero_variance_groups,
+        )
+        options: dict[str, float | bool] = {}
+        if self.train.advantage == "grpo":
+            options["scale_by_std"] = self.train.scale_by_std
+        self.estimator = get_advantage(self.train.advantage, **options)
+
+    # -- rollouts -----------------------------------------------------------------------------
+    async def collect(self, tasks: Sequence[Task]) -> tuple[list[TrajectoryGroup], float]:
+        """All groups of `tasks`, through a fresh dispatcher; returns them and the wall time."""
+        start = time.monotonic()
+        dispatcher = make_dispatcher(
+            DispatchSettings.from_config(self.config), self.stages, engine=self.engine_probe
+        )
+        groups = [g async for g in dispatcher.groups(tasks, self.config.tasks.group_size)]
+        return groups, time.monotonic() - start
+
+    # -- one update ---------------------------------------------------------------------------
+    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
+        """Statuses -> advantages -> samples, dropping (and counting) over-stale samples."""
+        selection = select(groups, self.policy)
+        advantages = self.estimator(group_rewards(selection.groups)) if selection.groups else []
+        items = assign_to_samples(selection.groups, advantages, selection.trainable)
+        version = self.backend.policy_version
+        fresh = [(s, a) for s, a in items if staleness(s, version) <= self.train.max_staleness]
+        stale = [staleness(s, version) for s, _ in items]
+        metrics: dict[str, float] = {
+            **{k: float(v) for k, v in selection.metrics().items()},
+            "staleness/max": float(max(stale, default=0)),
+            "staleness/mean": float(sum(stale) / len(stale)) if stale else 0.0,
+            "staleness/dropped_samples": float(len(items) - len(fresh)),
+            "samples": float(len(fresh)),
+        }
+        return TrainBatch(items=fresh), metrics
+
+    @staticmethod
+    def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """Reward, pass rate, statuses, turns, tokens and stage times of a step's rollouts."""
+        trajectories = [t for g in groups for t in g.trajectories]
+        scored = [t for t in trajectories if t.status is not Status.INFRA_ERROR]
+        rewards = [t.reward or 0.0 for t in scored]
+        out: dict[str, float] = {
+            "rollout/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "rollout/pass_rate": (
+                sum(1 for r in rewards if r >= 1.0) / len(rewards) if rewards else 0.0
+            ),
+            "rollout/trajectories": float(len(trajectories)),
+            "rollout/turns_mean": (
+                sum(len(t.turns) for t in scored) / len(scored) if scored else 0.0
+            ),
+            "rollout/completion_tokens": float(
+                sum(len(turn.completion_ids) for t in scored for turn in t.turns)
+            ),
+        }
+        for status in Status:
+            out[f"status/{status.value}"] = float(
+                sum(1 for t in trajectories if t.status is status)
+            )
+        for key in ("hints", "splits", "tool_calls", "tool_errors"):
+            out[f"rollout/{key}"] = float(sum(t.counters.get(key, 0) for t in scored))
+        for key in sorted({k for t in trajectories for k in t.timings}):
+            values = [t.timings[key] for t in trajectories if key in t.timings]
+            out[f"time/{key}"] = sum(values) / len(values)
+        return out
+
+    async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """One optimizer step on `groups` (skipped, and said so, when nothing is trainable)."""
+        batch, metrics = self.build_batch(groups)
+        if batch.items:
+            result: StepResult = await asyncio.to_thread(self.backend.step, batch)
+            metrics.update(result.as_dict())
+            sync_s = await self.sync_weights(
+                self.backend.export_weights(), self.backend.policy_version
+            )
+            metrics["time/weight_sync_s"] = sync_s
+        else:
+            metrics["train/skipped"] = 1.0
+        return metrics
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self) -> list[StepRecord]:
+        """Steps from `self.step` to `train.steps`; returns their records."""
+        from conveyor.trainer.checkpoint import save_checkpoint
+
+        records: list[StepRecord] = []
+        pending: asyncio.Task[tuple[list[TrajectoryGroup], float]] | None = None
+        pending_after = 0
+        metrics_file = self.run_dir / "metrics.jsonl"
+        try:
+            while self.step < self.train.steps:
+                started = time.monotonic()
+                if pending is None:
+                    tasks = self.stream.take(self.train.tasks_per_step)
+                    after = self.stream.cursor
+                    groups, gen_s = await self.collect(tasks)
+                else:
+                    groups, gen_s = await pending
+                    after = pending_after
+                    pending = None
+                last = self.step + 1 >= self.train.steps
+                if self.train.mode == "async" and not last:
+                    # Generation of the next step overlaps this update.
+                    next_tasks = self.stream.take(self.train.tasks_per_step)
+                    pending_after = self.stream.cursor
+                    pending = asyncio.create_task(self.collect(next_tasks))
+                metrics = self.rollout_metrics(groups)
+                metrics["time/generation_s"] = gen_s
+                metrics.update(await self.update(groups))
+                self.step += 1
+                metrics["time/step_s"] = time.monotonic() - started
+                metrics["data/cursor"] = float(self.stream.cursor)
+                record = StepRecord(step=self.step, metrics=metrics)
+                records.append(record)
+                with metrics_file.open("a") as sink:
+                    sink.write(json.dumps({"step": self.step, **_finite(metrics)}) + "\n")
+                if self.on_step is not None:
+                    self.on_step(record)
+                every = self.train.checkpoint_every
+                if every and (self.step % every == 0 or self.step == self.train.steps):
+                    # A resumed run continues right after this step's tasks; in async mode
+                    # the next step's tasks, already taken, are generated again.
+                    save_checkpoint(
+                        self.run_dir,
+                        self.step,
+                        self.backend,
+                        {"step": self.step, "cursor": after},
+                        keep_last=self.train.keep_checkpoints,
+                    )
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+        return records
+
+    def restore(self, extra: dict[str, Any]) -> None:
+        """Continue after a checkpoint: its step and data cursor."""
+        self.step = int(extra["step"])
+        self.stream.cursor = int(extra["cursor"])
+
+
+def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
+    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop lines after `last_step` (written after the checkpoint a resume starts from)."""
+    if not path.is_file():
+        return
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line and json.loads(line)["step"] <= last_step
+    ]
+    path.write_text("".join(f"{line}\n" for line in kept))
+
+
+def trainer_settings(config: ConveyorConfig, *, lr: float | None = None) -> Any:
+    """The `TrainerSettings` of the built-in engine that a run config implies.
+
+    The trainer's logits temperature is the sampling temperature (one key for one setting) and
+    its schedule length is `train.steps`.
+    """
+    from conveyor.trainer.settings import LoraSettings, LossSettings, TrainerSettings
+
+    t = config.trainer
+    return TrainerSettings(
+        lr=t.lr if lr is None else lr,
+        weight_decay=t.weight_decay,
+        betas=(t.adam_betas[0], t.adam_betas[1]),
+        eps=t.adam_eps,
+        warmup_steps=t.warmup_steps,
+        total_steps=max(config.train.steps, 1) if t.lr_schedule != "constant" else None,
+        schedule=t.lr_schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        max_grad_norm=t.max_grad_norm,
+        micro_batch_tokens=t.micro_batch_tokens,
+        temperature=config.sampling.temperature if config.sampling.temperature > 0 else 1.0,
+        loss=LossSettings(**t.loss.model_dump()),
+        lora=LoraSettings(
+            enabled=t.lora.use_lora,
+            r=t.lora.lora_rank,
+            alpha=t.lora.lora_alpha,
+            dropout=t.lora.lora_dropout,
+            target_modules=list(t.lora.lora_target_modules),
+        ),
+        dtype=t.train_dtype,
+        gradient_checkpointing=t.gradient_checkpointing,
+        fsdp=t.fsdp,
+        device=t.train_device,
+        seed=t.train_seed,
+    )

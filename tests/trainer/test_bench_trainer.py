@@ -1,0 +1,45 @@
+"""`conveyor bench trainer --quick --json`: both loops run and the JSON contract holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from conveyor.bench.trainer import TrainerBenchSpec, synthetic_batch
+from conveyor.bench.trainer_cli import register
+from conveyor.trainer.batching import plan_micro_batches
+
+
+def test_synthetic_batch_is_seeded_and_padded() -> None:
+    spec = TrainerBenchSpec(model_dir="unused", batch_size=6, seq_len=64, micro_batch_tokens=128)
+    a, b = synthetic_batch(spec, 100), synthetic_batch(spec, 100)
+    assert a == b
+    lengths = [len(s.input_ids) for s in a.samples]
+    assert min(lengths) >= 48 and max(lengths) <= 64 and len(set(lengths)) > 1
+    assert all(s.loss_mask[: s.prompt_length] == [0] * s.prompt_length for s in a.samples)
+    plan = plan_micro_batches(lengths, spec.micro_batch_tokens)
+    assert sum(m.padded_tokens for m in plan) > sum(lengths)  # the loops do see padding
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_the_json_contract_last() -> None:
+    app = typer.Typer()
+
+    @app.callback()
+    def bench() -> None:
+        """The bench sub-app stand-in."""
+
+    register(app)
+    result = CliRunner().invoke(app, ["trainer", "--quick", "--json", "--warmup", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    for key in ("tokens_per_s", "baseline_tokens_per_s", "ratio", "peak_rss_mb"):
+        assert report[key] > 0, key
+    assert report["ratio"] == pytest.approx(
+        report["tokens_per_s"] / report["baseline_tokens_per_s"]
+    )
+    assert len(report["step_s"]) == len(report["baseline_step_s"]) == 10
+    assert report["batch"]["padded_tokens"] >= report["batch"]["tokens"]
