@@ -49,9 +49,21 @@ class TaskStream:
     cursor: int = 0
 
     def take(self, n: int) -> list[Task]:
-        """The next `n` tasks (a fresh shuffle each epoch, decided by seed and epoch alone)."""
-        out = [self._at(self.cursor + i) for i in range(n)]
-        self.cursor += n
+        """The next `n` distinct tasks (a fresh shuffle each epoch, decided by seed and epoch).
+
+        Where a step spans two epochs, a task already in it is skipped, so a group never mixes
+        two copies of one task.
+        """
+        if n > len(self.tasks):
+            raise ValueError(f"{n} tasks per step, but only {len(self.tasks)} training tasks")
+        out: list[Task] = []
+        seen: set[str] = set()
+        while len(out) < n:
+            task = self._at(self.cursor)
+            self.cursor += 1
+            if task.id not in seen:
+                seen.add(task.id)
+                out.append(task)
         return out
 
     def _at(self, index: int) -> Task:
@@ -118,6 +130,9 @@ class RLLoop:
             DispatchSettings.from_config(self.config), self.stages, engine=self.engine_probe
         )
         groups = [g async for g in dispatcher.groups(tasks, self.config.tasks.group_size)]
+        # Completion order depends on timing; the update must not.
+        order = {task.id: i for i, task in enumerate(tasks)}
+        groups.sort(key=lambda g: order[g.task_id])
         return groups, time.monotonic() - start
 
     # -- one update ---------------------------------------------------------------------------
