@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from conveyor.bench import search_cli, trainer_cli
 from conveyor.bench.cli import bench_app
 
 app = typer.Typer(
@@ -21,6 +22,8 @@ models_app = typer.Typer(help="Prepare and inspect models.", no_args_is_help=Tru
 config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+search_cli.register(bench_app)
+trainer_cli.register(bench_app)
 app.add_typer(bench_app, name="bench")
 
 SetOption = Annotated[
@@ -162,6 +165,38 @@ def eval_command(
         f"statuses={overall['statuses']} wall={summary['wall_s']:.1f}s"
     )
     typer.echo(str(run_dir))
+
+
+@app.command("train")
+def train_command(
+    config: Annotated[Path, typer.Argument(help="A YAML config file.")],
+    set_: SetOption = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Continue the run in this folder from its newest checkpoint."),
+    ] = None,
+) -> None:
+    """RL-train a model (optionally after a supervised warm start); writes a run folder."""
+    import asyncio
+
+    from conveyor.models import ModelError
+    from conveyor.trainer.run import run_training
+
+    resolved = _load(config, set_)
+    try:
+        run_dir = asyncio.run(run_training(resolved, resume=resume, say=typer.echo))
+    except (ModelError, FileNotFoundError, FileExistsError) as exc:
+        _fail(str(exc))
+    typer.echo(str(run_dir))
+
+
+@app.command("sft")
+def sft_command(
+    config: Annotated[Path, typer.Argument(help="A YAML config file (train.sft_* settings).")],
+    set_: SetOption = None,
+) -> None:
+    """Only the supervised warm start on oracle traces (train.steps=0), evaluated before/after."""
+    train_command(config, [*(set_ or []), "train.steps=0"], None)
 
 
 def main() -> None:

@@ -67,6 +67,11 @@ class ModelConfig(_Section):
         default=None,
         description="Path to a Jinja chat template that overrides the tokenizer's own.",
     )
+    tool_prompt: Literal["schema", "compact"] = Field(
+        default="schema",
+        description="For templates without tool support: the tools' JSON schemas in the system "
+        "message (Qwen2.5 style), or one compact line per tool.",
+    )
     tool_format: Literal["auto", "hermes", "xml"] = Field(
         default="auto",
         description="Tool-call convention: 'hermes' (<tool_call>{json}</tool_call>), 'xml' "

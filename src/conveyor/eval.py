@@ -117,7 +117,6 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     """Evaluate the configured model on the configured tasks; returns the run folder."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from conveyor.agent.chat import ChatRenderer
     from conveyor.dispatch.config import DispatchSettings
     from conveyor.dispatch.factory import make_dispatcher
     from conveyor.engines.factory import build_engine, load_tokenizer
@@ -131,22 +130,9 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     (run_dir / "config.yaml").write_text(config_to_yaml(config))
     started = time.monotonic()
     tokenizer = load_tokenizer(model_dir)
-    template = Path(config.model.chat_template).read_text() if config.model.chat_template else None
     client = build_engine(config, model_dir)
     engine_ready = time.monotonic() - started
-
-    def make_renderer(schemas: list[dict[str, Any]]) -> ChatRenderer:
-        return ChatRenderer(
-            tokenizer, schemas, chat_template=template, tool_format=config.model.tool_format
-        )
-
-    stages = AgentStages(
-        client,
-        make_renderer,
-        config.agent,
-        config.sampling,
-        rollout_timeout_s=config.agent.rollout_timeout_s,
-    )
+    stages = AgentStages.from_config(config, client, tokenizer)
     settings = DispatchSettings.from_config(config)
     dispatcher = make_dispatcher(settings, stages, engine=client)
     k = config.tasks.group_size

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.loop import AgentLoop, final_answer
-from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
 from conveyor.tasks.family import TaskFamily, get_family
@@ -26,7 +28,7 @@ class AgentStages:
     def __init__(
         self,
         client: SamplingClient,
-        make_renderer: Callable[[list[dict[str, object]]], ChatRenderer],
+        make_renderer: Callable[[list[dict[str, Any]]], ChatRenderer],
         agent: AgentConfig,
         sampling: SamplingConfig,
         *,
@@ -38,6 +40,35 @@ class AgentStages:
         self.rollout_timeout_s = rollout_timeout_s
         self._make_renderer = make_renderer
         self._loops: dict[str, AgentLoop] = {}
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ConveyorConfig,
+        client: SamplingClient,
+        tokenizer: Any,
+        sampling: SamplingConfig | None = None,
+    ) -> AgentStages:
+        """Stages for a run config: its template, tool format, budgets and sampling."""
+        model = config.model
+        template = Path(model.chat_template).read_text() if model.chat_template else None
+
+        def make_renderer(schemas: list[dict[str, Any]]) -> ChatRenderer:
+            return ChatRenderer(
+                tokenizer,
+                schemas,
+                chat_template=template,
+                tool_format=model.tool_format,
+                tool_prompt=model.tool_prompt,
+            )
+
+        return cls(
+            client,
+            make_renderer,
+            config.agent,
+            sampling or config.sampling,
+            rollout_timeout_s=config.agent.rollout_timeout_s,
+        )
 
     def _family(self, task: Task) -> TaskFamily:
         return get_family(task.family)

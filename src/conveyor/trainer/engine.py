@@ -374,7 +374,7 @@ def _add_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
 
     config = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft only divides by r
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",

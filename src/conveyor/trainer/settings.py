@@ -55,7 +55,7 @@ class LoraSettings(_Settings):
 
     enabled: bool = False
     r: int = Field(default=16, gt=0)
-    alpha: int = Field(default=32, gt=0, description="LoRA scale is alpha / r")
+    alpha: float = Field(default=32.0, gt=0.0, description="LoRA scale is alpha / r")
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(
         default_factory=lambda: [

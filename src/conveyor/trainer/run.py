@@ -1,0 +1,242 @@
+"""`conveyor train CONFIG`: the whole job, from a base model to a trained one, measured.
+
+Order: start the engine -> evaluate the base model on the held-out split (`eval_before.json`)
+-> optional supervised warm start on oracle traces (`sft_model/`, `eval_after_sft.json`) -> RL
+steps (`metrics.jsonl`, checkpoints) -> evaluate again (`eval_after.json`) -> export the final
+model (`final_model/`) and plots. Evaluations use `train.eval_temperature` (0 = greedy) and one
+sample per held-out instance. `--resume RUN_DIR` skips what is already on disk and continues from
+the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conveyor.config import ConveyorConfig, ResolvedConfig, SamplingConfig, config_to_yaml
+from conveyor.types import Status, Task, Trajectory
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a pass rate."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def eval_report(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """Pass rate with its 95% interval, overall and per family; infra errors are not scored."""
+    family = {t.id: t.family for t in tasks}
+
+    def block(items: list[Trajectory]) -> dict[str, Any]:
+        scored = [t for t in items if t.status is not Status.INFRA_ERROR]
+        wins = sum(1 for t in scored if (t.reward or 0.0) >= 1.0)
+        low, high = wilson_interval(wins, len(scored))
+        return {
+            "pass_rate": wins / len(scored) if scored else 0.0,
+            "n": len(scored),
+            "ci95": [low, high],
+            "infra_errors": len(items) - len(scored),
+            "statuses": {s.value: sum(1 for t in items if t.status is s) for s in Status},
+        }
+
+    report = block(list(trajectories))
+    report["families"] = {
+        name: block([t for t in trajectories if family.get(t.task_id) == name])
+        for name in sorted(set(family.values()))
+    }
+    return report
+
+
+async def evaluate(stages: Any, tasks: Sequence[Task], config: ConveyorConfig) -> dict[str, Any]:
+    """One rollout per task through the dispatcher; the report of `eval_report`."""
+    from conveyor.dispatch.config import DispatchSettings
+    from conveyor.dispatch.factory import make_dispatcher
+
+    start = time.monotonic()
+    dispatcher = make_dispatcher(DispatchSettings.from_config(config), stages)
+    trajectories = [t async for t in dispatcher.rollouts(tasks, 1)]
+    report = eval_report(trajectories, tasks)
+    report["seconds"] = time.monotonic() - start
+    return report
+
+
+def family_tasks(config: ConveyorConfig, n: int, split: str) -> list[Task]:
+    """`n` instances of every configured family from `split`."""
+    from conveyor.tasks.family import get_family
+
+    out: list[Task] = []
+    for name in config.tasks.families:
+        out.extend(get_family(name).make_tasks(n, config.tasks.task_seed, split))
+    return out
+
+
+def export_model(weights: Any, source_dir: Path, target: Path) -> Path:
+    """A loadable HF folder: the source's config and tokenizer files plus the given weights."""
+    from safetensors.torch import save_file
+
+    tmp = target.with_name(f".tmp-{target.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for item in source_dir.iterdir():
+        if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".json.index")):
+            shutil.copy2(item, tmp / item.name)
+    tensors = {name: tensor.detach().contiguous().clone() for name, tensor in weights}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return target
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+async def warm_start(
+    config: ConveyorConfig, model_dir: Path, tokenizer: Any, run_dir: Path, say: Any
+) -> Path:
+    """Supervised fine-tuning on oracle traces; returns the exported `sft_model` folder."""
+    from conveyor.rollout import AgentStages
+    from conveyor.trainer.backend import TrainBatch
+    from conveyor.trainer.engine import TorchTrainingEngine
+    from conveyor.trainer.loop import trainer_settings
+    from conveyor.trainer.sft import OracleEngine, oracle_rollouts
+
+    train = config.train
+    tasks = family_tasks(config, train.sft_tasks, "train")
+    oracle = OracleEngine(
+        tasks,
+        lambda text: tokenizer.encode(text, add_special_tokens=False),
+        tokenizer.eos_token_id,
+        config.model.tool_format,
+    )
+    traces = await oracle_rollouts(AgentStages.from_config(config, oracle, tokenizer), tasks)
+    good = [t for t in traces if t.status is Status.OK and (t.reward or 0.0) >= 1.0]
+    samples = [s for t in good for s in t.samples()]
+    say(
+        f"warm start: {len(good)}/{len(traces)} oracle traces solve their task; "
+        f"{len(samples)} samples, {sum(len(s.input_ids) for s in samples)} tokens"
+    )
+    settings = trainer_settings(config, lr=train.sft_lr).model_copy(
+        update={"loss": trainer_settings(config).loss.model_copy(update={"tis": False})}
+    )
+    backend = TorchTrainingEngine(model_dir, settings)
+    size = train.sft_batch_size
+    log = run_dir / "sft_metrics.jsonl"
+    for step in range(train.sft_steps):
+        start = (step * size) % len(samples)
+        chunk = [samples[(start + i) % len(samples)] for i in range(min(size, len(samples)))]
+        # Advantage 1 and fresh old logprobs: the PPO gradient is exactly the NLL gradient.
+        result = await asyncio.to_thread(backend.step, TrainBatch(items=[(s, 1.0) for s in chunk]))
+        with log.open("a") as sink:
+            sink.write(json.dumps({"step": step + 1, **result.as_dict("sft/")}) + "\n")
+        say(
+            f"warm start step {step + 1}/{train.sft_steps}: loss {result.loss:.3f}, "
+            f"{result.tokens_per_s:.0f} tok/s"
+        )
+    return export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
+
+
+async def run_training(
+    resolved: ResolvedConfig, *, resume: Path | None = None, say: Any = print
+) -> Path:
+    """The whole training job; returns the run folder."""
+    from conveyor.engines.factory import build_engine, load_tokenizer
+    from conveyor.eval import make_run_dir
+    from conveyor.models import resolve_model_path
+    from conveyor.rollout import AgentStages
+    from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from conveyor.trainer.engine import TorchTrainingEngine
+    from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings, truncate_metrics
+    from conveyor.trainer.report import plot_metrics
+
+    config = resolved.config
+    train = config.train
+    if resume is not None:
+        run_dir = resume
+        if not (run_dir / "config.yaml").is_file():
+            raise FileNotFoundError(f"{run_dir} is not a training run folder (no config.yaml)")
+    else:
+        run_dir = make_run_dir(config, "train")
+        (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    started = time.monotonic()
+    model_dir = resolve_model_path(config.model.path)
+    tokenizer = load_tokenizer(model_dir)
+    client: Any = build_engine(config, model_dir)
+    timings: dict[str, float] = {"engine_start_s": time.monotonic() - started}
+    eval_sampling = SamplingConfig(
+        temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed
+    )
+    eval_stages = AgentStages.from_config(config, client, tokenizer, eval_sampling)
+    eval_tasks = family_tasks(config, train.eval_tasks, "eval") if train.eval_tasks else []
+    try:
+        if eval_tasks and not (run_dir / "eval_before.json").is_file():
+            report = await evaluate(eval_stages, eval_tasks, config)
+            _write(run_dir / "eval_before.json", report)
+            say(f"before: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+        start_dir = model_dir
+        if train.sft_steps:
+            if not (run_dir / "sft_model").is_dir():
+                t0 = time.monotonic()
+                await warm_start(config, model_dir, tokenizer, run_dir, say)
+                timings["sft_s"] = time.monotonic() - t0
+            start_dir = run_dir / "sft_model"
+        backend = TorchTrainingEngine(start_dir, trainer_settings(config))
+        loop = RLLoop(
+            config,
+            AgentStages.from_config(config, client, tokenizer),
+            backend,
+            client.update_weights,
+            family_tasks(config, config.tasks.num_tasks, "train"),
+            run_dir,
+            engine_probe=client,
+            on_step=lambda r: say(_step_line(r, train.steps)),
+        )
+        checkpoint = latest_checkpoint(run_dir) if resume is not None else None
+        if checkpoint is not None:
+            loop.restore(load_checkpoint(checkpoint, backend))
+            truncate_metrics(run_dir / "metrics.jsonl", loop.step)
+            say(f"resumed from {checkpoint.name}: step {loop.step}, cursor {loop.stream.cursor}")
+        if checkpoint is not None or start_dir != model_dir:
+            await client.update_weights(backend.export_weights(), backend.policy_version)
+        if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
+            report = await evaluate(eval_stages, eval_tasks, config)
+            _write(run_dir / "eval_after_sft.json", report)
+            say(f"after warm start: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+        t0 = time.monotonic()
+        records: list[StepRecord] = await loop.run()
+        timings["rl_s"] = time.monotonic() - t0
+        if eval_tasks:
+            report = await evaluate(eval_stages, eval_tasks, config)
+            _write(run_dir / "eval_after.json", report)
+            say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+        if train.export_final:
+            export_model(backend.export_weights(), start_dir, run_dir / "final_model")
+    finally:
+        await client.close()
+    plot_metrics(run_dir)
+    timings["wall_s"] = time.monotonic() - started
+    _write(run_dir / "summary.json", {"timings": timings, "steps": len(records)})
+    return run_dir
+
+
+def _step_line(record: Any, total: int) -> str:
+    m = record.metrics
+    return (
+        f"step {record.step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "
+        f"pass {m.get('rollout/pass_rate', 0):.3f}  loss {m.get('train/loss', float('nan')):.4f}  "
+        f"tok/s {m.get('train/tokens_per_s', 0):.0f}  gen {m.get('time/generation_s', 0):.0f}s  "
+        f"step {m.get('time/step_s', 0):.0f}s  stale {m.get('staleness/max', 0):.0f}  "
+        f"lp-diff {m.get('train/logprob_diff_mean', float('nan')):.3f}"
+    )
