@@ -60,7 +60,7 @@ def test_quickstart_smoke_writes_the_contract_files(tmp_path: Path, model_dir: P
             "conveyor.cli",
             "train",
             "configs/quickstart.yaml",
-            *sum((["--set", s] for s in SMALL), []),
+            *[arg for item in SMALL for arg in ("--set", item)],
             "--resume",
             str(run_dir),
         ],

@@ -142,7 +142,9 @@ async def warm_start(
         with log.open("a") as sink:
             sink.write(json.dumps({"step": step + 1, **result.as_dict("sft/")}) + "\n")
         say(
-            f"warm start step {step + 1}/{train.sft_steps}: loss {result.loss:.3f}, "
+            # Oracle traces carry no behaviour logprobs (0.0): the agreement probe's mean
+            # |trainer logprob - 0| is then the mean NLL of the oracle tokens.
+            f"warm start step {step + 1}/{train.sft_steps}: nll {result.logprob_diff_mean:.3f}, "
             f"{result.tokens_per_s:.0f} tok/s"
         )
     return export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
