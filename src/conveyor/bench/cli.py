@@ -38,14 +38,17 @@ def dispatch(
     timeline: Annotated[
         Path | None, typer.Option(help="save telemetry + plots of pipeline here")
     ] = None,
+    config: Annotated[
+        Path, typer.Option(help="real workload: the run config (model, engine, tasks, limits)")
+    ] = Path("configs/quickstart-eval.yaml"),
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="real workload: config overrides")
+    ] = None,
 ) -> None:
     """Compare the dispatch strategies; the last line printed is one JSON object."""
     if workload == "real":
-        raise typer.BadParameter(
-            "--workload real is not yet wired: it needs the agent layer's RolloutStages on the "
-            "embedded model (issue 2); use --workload swe-sim",
-            param_hint="--workload",
-        )
+        _real(config, set_ or [], strategies, json_out, out)
+        return
     if workload != "swe-sim":
         raise typer.BadParameter(f"unknown workload {workload!r}; known: swe-sim, real")
     from conveyor.bench.dispatch import run_bench
@@ -65,6 +68,29 @@ def dispatch(
     if not json_out:
         _print_table(report)
     print(text)
+
+
+def _real(
+    config: Path, overrides: list[str], strategies: str, json_out: bool, out: Path | None
+) -> None:
+    import asyncio
+
+    from conveyor.bench.real import run_real
+    from conveyor.config import load_config
+
+    resolved = load_config(config, overrides)
+    names = [n.strip() for n in strategies.split(",") if n.strip()]
+    report = asyncio.run(run_real(resolved.config, names))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if not json_out:
+        for name, s in report["strategies"].items():
+            print(
+                f"{name:<14} makespan {s['makespan_s']:7.1f}s  util {s['engine_utilisation']:.2f}"
+                f"  first group {s['first_group_fraction']:.2f}"
+            )
+    print(json.dumps(report))
 
 
 def _save_timeline(base: Any, report: dict[str, Any], folder: Path) -> Path:

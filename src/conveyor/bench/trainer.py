@@ -11,9 +11,11 @@ step AdamW:
 
 Each side runs in its own spawned process (so peak memory is its own), and the parent alternates
 single steps between them, swapping the order every step, so drift in machine load hits both
-alike. After warm-up, the median step time of at least `steps` steps gives tokens/s (real, not
-padding, tokens). Peak memory: the process's max RSS on CPU, `torch.cuda.max_memory_allocated`
-on GPU. The last printed line is one JSON object.
+alike. After warm-up, the median step time of `steps` steps gives tokens/s (real, not padding,
+tokens) and `ratio`; on a shared machine `paired_ratio_median` (median over steps of baseline
+time / engine time of the adjacent pair) is the steadier number. Peak memory: the process's
+max RSS on CPU, `torch.cuda.max_memory_allocated` on GPU. The last printed line is one JSON
+object.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import random
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -89,6 +92,7 @@ def run_trainer_bench(spec: TrainerBenchSpec) -> dict[str, Any]:
             for side in SIDES if k % 2 == 0 else SIDES[::-1]:
                 pipes[side].send("step")
                 elapsed = _recv(pipes[side], side)
+                print(f"step {k} {side}: {elapsed:.3f}s", file=sys.stderr, flush=True)
                 if k >= spec.warmup:
                     times[side].append(elapsed)
         stats = {}
@@ -120,6 +124,11 @@ def _report(
         "peak_rss_mb": stats["engine"]["peak_rss_mb"],
         "baseline_peak_rss_mb": stats["baseline"]["peak_rss_mb"],
         "rss_ratio": stats["engine"]["peak_rss_mb"] / stats["baseline"]["peak_rss_mb"],
+        # robust to machine load that drifts: adjacent steps share it
+        "paired_ratio_median": statistics.median(
+            b / e for e, b in zip(times["engine"], times["baseline"], strict=True)
+        ),
+        "ratio_of_fastest": min(times["baseline"]) / min(times["engine"]),
         "step_s_median": median["engine"],
         "baseline_step_s_median": median["baseline"],
         "step_s": times["engine"],
