@@ -69,13 +69,13 @@ def test_bench_cli_prints_the_contract_as_its_last_line(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "r.json").read_text())["bound_s"] == report["bound_s"]
 
 
-def test_bench_cli_real_workload_is_a_clear_error() -> None:
+def test_bench_cli_unknown_workload_is_a_clear_error() -> None:
     code = (
         "import sys; from conveyor.bench.cli import bench_app; "
-        "sys.argv = ['conveyor', 'dispatch', '--workload', 'real']; bench_app()"
+        "sys.argv = ['conveyor', 'dispatch', '--workload', 'swe-real']; bench_app()"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "not yet wired" in done.stderr
+    assert done.returncode != 0 and "unknown workload" in done.stderr
 
 
 def test_bench_cli_import_is_light() -> None:
