@@ -13,7 +13,7 @@ from tiny_llama import random_batch, save_tiny_llama
 
 from conveyor.trainer import losses, settings
 from conveyor.trainer.backend import TrainBatch, TrainingBackend, logprob_agreement
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings, lr_factor
+from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings, lr_factor, token_logprobs
 from conveyor.types import TrainingSample
 
 
@@ -58,6 +58,23 @@ def capture_logits_grads(e: TorchTrainingEngine) -> list[torch.Tensor]:
 def test_settings_literals_mirror_the_loss_module() -> None:
     assert get_args(settings.LossReduction) == get_args(losses.Reduction)
     assert get_args(settings.KLEstimatorName) == get_args(losses.KLEstimator)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_token_logprobs_equal_sequence_logprobs(temperature: float, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(3, 9, 50)).to(dtype).requires_grad_()
+    ids = torch.randint(0, 50, (3, 9))
+    expected = losses.sequence_logprobs(logits, ids, temperature=temperature)
+    got = token_logprobs(logits, ids, temperature=temperature)
+    assert got.dtype == expected.dtype
+    assert got[:, 0].abs().max() == 0
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    weights = torch.randn(3, 9, dtype=got.dtype)
+    (grad_expected,) = torch.autograd.grad((expected * weights).sum(), logits)
+    (grad_got,) = torch.autograd.grad((got * weights).sum(), logits)
+    torch.testing.assert_close(grad_got, grad_expected, atol=1e-5, rtol=1e-5)
 
 
 def test_engine_is_a_training_backend(tiny: Path) -> None:

@@ -2,21 +2,25 @@
 
 Every `exec` starts its own `bwrap` (a few milliseconds) with new PID, network, IPC and UTS
 namespaces: the system folders read-only, the workspace read-write at `/workspace`, the project's
-Python environment read-only at its own path, a private size-limited `/tmp`, and no network but
-loopback. Inside, the command drops to the unprivileged `SANDBOX_UID` (`setpriv`), enters a user
-namespace of its own (`unshare`, so the process count below is per sandbox, not per host user),
-and runs under `prlimit` with the `SandboxLimits`. When the command ends, times out or is
-cancelled, the PID namespace dies with it, so nothing it started survives.
+Python environment read-only at its own path, a private `/tmp` (a host folder of this runtime's,
+kept across its commands and removed on close), and no network but loopback. Inside, the command
+drops to the unprivileged `SANDBOX_UID` (`setpriv`), enters a user namespace of its own
+(`unshare`, so the process count below is per sandbox, not per host user), and runs under
+`prlimit` with the `SandboxLimits`. When the command ends, times out or is cancelled, the PID
+namespace dies with it, so nothing it started survives.
 
-Commands do not share a shell: each starts in `/workspace` with a fresh environment.
+Commands do not share a shell: each starts in `/workspace` with a fresh environment; files in
+the workspace and in `/tmp` persist, processes do not.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -81,6 +85,8 @@ class BubblewrapRuntime:
         self.sandbox_id = f"bwrap-{uuid.uuid4().hex[:12]}"
         owner = (SANDBOX_UID, SANDBOX_GID)
         self.files = WorkspaceFiles(self.workspace, WORKSPACE_PATH, owner=owner)
+        self._tmp: Path | None = None
+        self._commands = itertools.count()
         self._started = False
         self._closed = False
 
@@ -96,17 +102,27 @@ class BubblewrapRuntime:
         for folder in [*([self.env_dir] if self.env_dir else []), *self.extra_ro_binds]:
             if not folder.exists():
                 raise RuntimeFailure(f"read-only mount {folder} does not exist")
+        if os.geteuid() == 0 and self.workspace.stat().st_uid != SANDBOX_UID:
+            raise RuntimeFailure(
+                f"workspace {self.workspace} is not owned by the sandbox user (uid {SANDBOX_UID}), "
+                "so commands could not write in it: make it with make_workspace() or chown it"
+            )
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"conveyor-{self.sandbox_id}-tmp-"))
+            os.chown(self._tmp, SANDBOX_UID, SANDBOX_GID)
         self._started = True
 
     async def exec(self, command: str, timeout_s: float) -> ExecResult:
         """Run `command` with bash in a fresh sandbox; on timeout everything in it is killed."""
         self._check_usable()
+        # Per-command marker: finishing one command must not kill a concurrent one.
+        marker = f"{self.sandbox_id}.{next(self._commands)}"
         return await run_limited(
             self.command_argv(command),
             timeout_s=timeout_s,
             output_bytes=self.limits.output_bytes,
-            env=self.environment(),
-            cleanup=self._kill_leftovers,
+            env=self.environment(marker),
+            cleanup=functools.partial(kill_marked, marker),
         )
 
     async def read_file(self, path: str) -> str:
@@ -134,8 +150,10 @@ class BubblewrapRuntime:
             return
         self._closed = True
         self._kill_leftovers()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, marker: str | None = None) -> dict[str, str]:
         """The variables a command sees: a clean set, the venv's bin first, plus `env`."""
         env = {
             "PATH": _DEFAULT_PATH,
@@ -148,7 +166,6 @@ class BubblewrapRuntime:
             "PYTHONUNBUFFERED": "1",
             "PAGER": "cat",
             "GIT_PAGER": "cat",
-            MARKER_ENV: self.sandbox_id,
         }
         if self.env_dir is not None:
             if (self.env_dir / "pyvenv.cfg").exists():
@@ -157,12 +174,12 @@ class BubblewrapRuntime:
             else:
                 env["PYTHONPATH"] = str(self.env_dir)
         env.update(self.extra_env)
-        env[MARKER_ENV] = self.sandbox_id
+        env[MARKER_ENV] = marker or self.sandbox_id
         return env
 
     def command_argv(self, command: str) -> list[str]:
         """The full `bwrap ... setpriv ... unshare ... prlimit ... bash -c command` argv."""
-        argv = [*_bwrap_base(self.limits)]
+        argv = [*_bwrap_base(self.limits, self._tmp)]
         argv += ["--bind", str(self.workspace), WORKSPACE_PATH, "--chdir", WORKSPACE_PATH]
         mounts = self._ro_mounts()
         argv += _parent_dirs(mounts)
@@ -186,7 +203,7 @@ class BubblewrapRuntime:
             raise RuntimeFailure("bubblewrap runtime was never started")
 
     def _kill_leftovers(self) -> None:
-        # The PID namespace already ends everything; this catches a bwrap that lost its child.
+        # Each PID namespace already ends with its command; this catches commands still running.
         kill_marked(self.sandbox_id)
 
 
@@ -209,8 +226,9 @@ def bubblewrap_available() -> tuple[bool, str]:
     return True, "bubblewrap works"
 
 
-def _bwrap_base(limits: SandboxLimits) -> list[str]:
-    """Namespaces, the read-only system and a private /tmp; the caller adds the workspace."""
+def _bwrap_base(limits: SandboxLimits, tmp: Path | None = None) -> list[str]:
+    """Namespaces, the read-only system and `/tmp` (`tmp` or a tmpfs); the caller adds the
+    workspace."""
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent"]
     argv += ["--new-session", "--ro-bind", "/usr", "/usr"]
@@ -226,7 +244,10 @@ def _bwrap_base(limits: SandboxLimits) -> list[str]:
     for entry in etc:
         argv += ["--ro-bind", str(entry), str(entry)]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    if tmp is not None:
+        argv += ["--bind", str(tmp), "/tmp"]
+    else:
+        argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     return argv
 
 

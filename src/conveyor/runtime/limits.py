@@ -53,7 +53,7 @@ class SandboxLimits(BaseModel):
     max_processes: int = Field(256, gt=0, description="RLIMIT_NPROC: processes of the user")
     open_files: int = Field(4096, gt=0, description="RLIMIT_NOFILE")
     output_bytes: int = Field(1 * MiB, gt=0, description="captured bytes per stream (head+tail)")
-    tmp_bytes: int = Field(512 * MiB, gt=0, description="size of the sandbox's private /tmp")
+    tmp_bytes: int = Field(512 * MiB, gt=0, description="size of a tmpfs /tmp (probe, docker)")
 
 
 def prlimit_argv(limits: SandboxLimits) -> list[str]:
@@ -112,8 +112,13 @@ def kill_process_group(pgid: int) -> None:
 
 
 def find_marked(marker: str) -> list[int]:
-    """Pids of live processes whose environment has `MARKER_ENV=marker` (needs /proc access)."""
+    """Pids of live processes whose `MARKER_ENV` is `marker` or `marker.<anything>`.
+
+    Runtimes mark each command `<runtime id>.<n>`: a command's leftovers are found by its own
+    marker, all of a runtime's by the runtime id. Needs read access to /proc/*/environ.
+    """
     needle = f"{MARKER_ENV}={marker}".encode()
+    nested = needle + b"."
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -122,13 +127,13 @@ def find_marked(marker: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
+        if any(v == needle or v.startswith(nested) for v in environ.split(b"\0")):
             found.append(int(entry.name))
     return found
 
 
 def kill_marked(marker: str, *, rounds: int = 50) -> int:
-    """SIGKILL every process carrying `marker`, again until none is left; returns how many."""
+    """SIGKILL every process `find_marked` finds, again until none is left; returns how many."""
     killed = 0
     for _ in range(rounds):
         pids = find_marked(marker)
@@ -187,7 +192,8 @@ async def run_limited(
                 await proc.stdin.drain()
             proc.stdin.close()
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            # Not `proc.wait()`: it also waits for the pipes, which a background child may hold.
+            await asyncio.wait_for(_exit_of(proc.pid), timeout_s)
         except TimeoutError:
             timed_out = True
     finally:
@@ -195,19 +201,38 @@ async def run_limited(
         kill_process_group(proc.pid)
         if cleanup is not None:
             cleanup()
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await asyncio.shield(proc.wait())
         _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE_S)
         for task in pending:
             task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), _DRAIN_GRACE_S)
     if timed_out:
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE, stdout=out.text(), stderr=err.text(), timed_out=True
         )
-    assert proc.returncode is not None
-    return ExecResult(exit_code=exit_code(proc.returncode), stdout=out.text(), stderr=err.text())
+    returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    return ExecResult(exit_code=exit_code(returncode), stdout=out.text(), stderr=err.text())
+
+
+async def _exit_of(pid: int) -> None:
+    """Return once process `pid` has exited (a pidfd becomes readable), reaped or not."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def mark() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, mark)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 async def _drain(stream: asyncio.StreamReader, buffer: CappedBuffer) -> None:

@@ -8,6 +8,8 @@ not bind), and can outlive a kill by clearing their environment and leaving the 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import os
 import shutil
@@ -55,6 +57,7 @@ class LocalRuntime:
         self.extra_env = dict(env or {})
         self.sandbox_id = f"local-{uuid.uuid4().hex[:12]}"
         self.files = WorkspaceFiles(self.workspace, str(self.workspace))
+        self._commands = itertools.count()
         self._started = False
         self._closed = False
 
@@ -78,7 +81,9 @@ class LocalRuntime:
         """Run `command` with bash in the workspace; its process group dies when it ends."""
         self._check_usable()
         env = {**os.environ, "PAGER": "cat", "GIT_PAGER": "cat", **self.extra_env}
-        env[MARKER_ENV] = self.sandbox_id
+        # Per-command marker: finishing one command must not kill a concurrent one.
+        marker = f"{self.sandbox_id}.{next(self._commands)}"
+        env[MARKER_ENV] = marker
         shell = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
         return await run_limited(
             [*prlimit_argv(self.limits), shell, "-c", command],
@@ -86,7 +91,7 @@ class LocalRuntime:
             output_bytes=self.limits.output_bytes,
             cwd=self.workspace,
             env=env,
-            cleanup=self._kill_leftovers,
+            cleanup=functools.partial(kill_marked, marker),
         )
 
     async def read_file(self, path: str) -> str:

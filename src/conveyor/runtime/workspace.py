@@ -131,7 +131,7 @@ def _populate(method: str, template: Path, path: Path, who: tuple[int, int] | No
         if who is not None and template.stat().st_uid != who[0]:
             log.info("giving template %s to uid %d for overlay workspaces", template, who[0])
             _run(["chown", "-R", f"{who[0]}:{who[1]}", str(template)])
-        _mount_overlay(template, path)
+        _mount_overlay(template, path, who)
         return
     if method == "copy":
         _run(["cp", "-a", "--reflink=auto", f"{template}/.", str(path)], mkdir=path)
@@ -287,7 +287,8 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _mount_overlay(lower: Path, merged: Path) -> None:
+def _mount_overlay(lower: Path, merged: Path, owner: tuple[int, int] | None = None) -> None:
+    """Mount `lower` + a fresh upper layer at `merged`; the merged root takes the upper's owner."""
     layers = _layers(merged)
     for part in (lower, layers):
         if any(ch in str(part) for ch in ",:\\"):
@@ -295,6 +296,8 @@ def _mount_overlay(lower: Path, merged: Path) -> None:
     (layers / "upper").mkdir(parents=True)
     (layers / "work").mkdir()
     merged.mkdir()
+    if owner is not None:
+        os.chown(layers / "upper", *owner)
     options = f"lowerdir={lower},upperdir={layers / 'upper'},workdir={layers / 'work'}"
     if _libc().mount(b"overlay", os.fsencode(merged), b"overlay", 0, options.encode()) != 0:
         errno = ctypes.get_errno()
