@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -201,11 +200,12 @@ class RLLoop:
     async def run(self) -> list[StepRecord]:
         """Steps from `self.step` to `train.steps`; returns their records."""
         from conveyor.trainer.checkpoint import save_checkpoint
+        from conveyor.trainer.tracking import Tracker
 
+        tracker = Tracker(self.run_dir, tensorboard=self.train.tensorboard, wandb=self.train.wandb)
         records: list[StepRecord] = []
         pending: asyncio.Task[tuple[list[TrajectoryGroup], float]] | None = None
         pending_after = 0
-        metrics_file = self.run_dir / "metrics.jsonl"
         try:
             while self.step < self.train.steps:
                 started = time.monotonic()
@@ -231,8 +231,7 @@ class RLLoop:
                 metrics["data/cursor"] = float(self.stream.cursor)
                 record = StepRecord(step=self.step, metrics=metrics)
                 records.append(record)
-                with metrics_file.open("a") as sink:
-                    sink.write(json.dumps({"step": self.step, **_finite(metrics)}) + "\n")
+                tracker.log(self.step, metrics)
                 if self.on_step is not None:
                     self.on_step(record)
                 every = self.train.checkpoint_every
@@ -247,6 +246,7 @@ class RLLoop:
                         keep_last=self.train.keep_checkpoints,
                     )
         finally:
+            tracker.close()
             if pending is not None:
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
@@ -256,10 +256,6 @@ class RLLoop:
         """Continue after a checkpoint: its step and data cursor."""
         self.step = int(extra["step"])
         self.stream.cursor = int(extra["cursor"])
-
-
-def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
-    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
