@@ -13,6 +13,7 @@ Whatever happens, the turns sampled so far stay token-exact and are returned.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -119,14 +120,14 @@ class AgentLoop:
             if room <= 0:
                 state.status, state.stop_reason = Status.TRUNCATED, "max_context_tokens"
                 return
-            seed = self.sampling.sampling_seed
+            seed = _request_seed(self.sampling.sampling_seed, session, turn_index)
             result = await self.client.sample(
                 SampleRequest(
                     prompt_ids=prompt,
                     max_tokens=min(cfg.max_completion_tokens, room),
                     temperature=self.sampling.temperature,
                     top_p=self.sampling.top_p,
-                    seed=None if seed is None else seed + 1000 * sample_index + turn_index,
+                    seed=seed,
                     session_id=session,
                 )
             )
@@ -198,6 +199,15 @@ class AgentLoop:
             replies = _attach_hints(replies, fired)
             prompt = ledger.next_prompt(replies)
         state.status, state.stop_reason = Status.TRUNCATED, "max_turns"
+
+
+def _request_seed(base: int | None, session: str, turn_index: int) -> int | None:
+    """A per-request seed from the run seed, the rollout and the turn: reproducible samples that
+    are independent across tasks, samples and turns (None keeps the engine's own randomness)."""
+    if base is None:
+        return None
+    digest = hashlib.blake2b(f"{base}/{session}/{turn_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def _attach_hints(replies: list[Message], hints: list[str]) -> list[Message]:
