@@ -199,6 +199,19 @@ def test_rollout_wall_budget_is_a_timeout_with_turns_kept(tokenizer: Any) -> Non
     assert len(t.turns) >= 2
 
 
+def test_waiting_for_a_slow_engine_is_not_the_policys_timeout(tokenizer: Any) -> None:
+    end = tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    texts = [call("echo", text="a"), call("echo", text="b"), call("finish", answer="1")]
+
+    def respond(_prompt: list[int]) -> list[int]:
+        return tokenizer.encode(texts.pop(0), add_special_tokens=False) + end
+
+    slow = SimulatedEngine(respond, eos_token_id=end[0], decode_s_per_token=0.01)
+    t = run(tokenizer, [], engine=slow, timeout_s=0.3)
+    assert t.status is Status.OK, t.stop_reason
+    assert t.timings["engine_s"] > 0.3 > t.timings["policy_s"]
+
+
 def test_engine_failure_propagates_as_infrastructure(tokenizer: Any) -> None:
     broken = SimulatedEngine(fail_probability=1.0)
     with pytest.raises(EngineError):

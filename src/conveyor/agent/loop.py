@@ -4,15 +4,16 @@ Ownership of outcomes (see `conveyor.types.Status`):
 - the policy finished by calling `finish` -> `ok`;
 - a length budget (prompt, per-turn completion, total context) or the turn budget ran out ->
   `truncated`; the model answered without ever calling a tool and hints are off -> `policy_error`;
-- the rollout's wall budget (`dispatch.run_timeout_s`) ran out -> `timeout`; the loop keeps the
-  turns sampled so far, which a cancellation by the dispatcher would lose;
+- the rollout's wall budget (`agent.rollout_timeout_s`) ran out -> `timeout`. The budget counts
+  the time the policy is answerable for (tool calls, the loop itself) and not the time spent
+  waiting for the engine, which depends on how busy the engine is, not on the policy; a stuck
+  engine is the engine client's request timeout (infra). The loop keeps the turns sampled so far;
 - `EngineError` / `RuntimeFailure` propagate to the dispatcher, which owns infrastructure failures.
 Whatever happens, the turns sampled so far stay token-exact and are returned.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -35,6 +36,12 @@ class _State:
     status: Status = Status.TRUNCATED
     stop_reason: str = "max_turns"
     counters: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    engine_s: float = 0.0
+
+    def policy_time(self) -> float:
+        """Wall time of the rollout so far, less the time spent waiting for the engine."""
+        return time.monotonic() - self.started - self.engine_s
 
     def bump(self, key: str, by: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + by
@@ -70,11 +77,7 @@ class AgentLoop:
         ledger = TokenLedger(self.renderer)
         hints = HintPolicy(self.agent.hints)
         ctx = ToolContext(task=task, runtime=runtime)
-        try:
-            async with asyncio.timeout(self.rollout_timeout_s):
-                await self._turns(task, sample_index, ledger, hints, ctx, state)
-        except TimeoutError:
-            state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
+        await self._turns(task, sample_index, ledger, hints, ctx, state)
         state.counters["splits"] = ledger.splits
         state.counters["hints"] = sum(hints.counts.values())
         for trigger, count in hints.counts.items():
@@ -91,7 +94,11 @@ class AgentLoop:
             messages=messages,
             status=state.status,
             stop_reason=state.stop_reason,
-            timings={"run_s": time.monotonic() - start},
+            timings={
+                "run_s": time.monotonic() - start,
+                "engine_s": state.engine_s,
+                "policy_s": time.monotonic() - start - state.engine_s,
+            },
             counters=state.counters,
             metrics={
                 "prompt_tokens": float(len(state.turns[0].prompt_ids)) if state.turns else 0.0,
@@ -120,7 +127,11 @@ class AgentLoop:
             if room <= 0:
                 state.status, state.stop_reason = Status.TRUNCATED, "max_context_tokens"
                 return
+            if state.policy_time() > self.rollout_timeout_s:
+                state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
+                return
             seed = _request_seed(self.sampling.sampling_seed, session, turn_index)
+            asked = time.monotonic()
             result = await self.client.sample(
                 SampleRequest(
                     prompt_ids=prompt,
@@ -131,6 +142,7 @@ class AgentLoop:
                     session_id=session,
                 )
             )
+            state.engine_s += time.monotonic() - asked
             stopped = result.finish_reason == "stop"
             state.turns.append(
                 Turn(

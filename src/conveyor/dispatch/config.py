@@ -28,11 +28,15 @@ class DispatchSettings(DispatchConfig):
 
     @classmethod
     def from_config(cls, config: ConveyorConfig) -> DispatchSettings:
-        """The settings a run config implies; the dispatcher's own run timeout fires only after
-        the agent loop's budget plus a grace period, so the loop's partial turns are kept."""
+        """The settings a run config implies. The dispatcher's own run timeout is a safety net
+        that fires only after the agent loop's budget, every turn's engine request timeout and a
+        grace period, so the loop's own timeout (which keeps partial turns) comes first."""
+        agent = config.agent
+        # The loop's budget excludes engine waits, each bounded by the engine's request timeout.
+        engine_bound = agent.max_turns * config.engine.request_timeout_s
         return cls(
             **config.dispatch.model_dump(),
-            run_timeout_s=config.agent.rollout_timeout_s + RUN_TIMEOUT_GRACE_S,
+            run_timeout_s=agent.rollout_timeout_s + engine_bound + RUN_TIMEOUT_GRACE_S,
         )
 
     @model_validator(mode="after")

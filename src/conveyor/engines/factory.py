@@ -36,6 +36,7 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
             kv_cache_gib=engine.kv_cache_gib,
             dtype=engine.dtype,
             seed=config.sampling.sampling_seed or 0,
+            request_timeout_s=engine.request_timeout_s,
         )
     if engine.kind == "openai":
         from conveyor.engines.openai_http import OpenAICompatibleClient

@@ -37,6 +37,7 @@ class VLLMEngine:
         kv_cache_gib: float = 1.0,
         dtype: str = "auto",
         seed: int = 0,
+        request_timeout_s: float | None = None,
     ) -> None:
         # The engine core must live in this process: weight updates and the step thread need it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -62,6 +63,7 @@ class VLLMEngine:
         )
         self._engine = self._llm.llm_engine
         self.max_model_len = max_model_len
+        self.request_timeout_s = request_timeout_s
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
         self._ids = itertools.count()
@@ -167,7 +169,12 @@ class VLLMEngine:
         self._in_flight += 1
         try:
             self._commands.put(add)
-            return await future
+            return await asyncio.wait_for(future, self.request_timeout_s)
+        except TimeoutError as exc:
+            self._commands.put(lambda: self._abort(request_id))
+            raise EngineError(
+                f"vLLM did not answer within {self.request_timeout_s} s (request {request_id})"
+            ) from exc
         except asyncio.CancelledError:
             self._commands.put(lambda: self._abort(request_id))
             raise
