@@ -11,6 +11,7 @@ import typer
 
 from conveyor.bench import search_cli, trainer_cli
 from conveyor.bench.cli import bench_app
+from conveyor.swe.cli import tasks_app
 
 app = typer.Typer(
     help="Conveyor: efficient RL training and evaluation of multi-turn, tool-using LLM agents.",
@@ -25,6 +26,7 @@ app.add_typer(config_app, name="config")
 search_cli.register(bench_app)
 trainer_cli.register(bench_app)
 app.add_typer(bench_app, name="bench")
+app.add_typer(tasks_app, name="tasks")
 
 SetOption = Annotated[
     list[str] | None,

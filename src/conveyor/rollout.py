@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.hints import HintPolicy
 from conveyor.agent.loop import AgentLoop, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
@@ -77,7 +78,8 @@ class AgentStages:
         """One loop (renderer + tools) per family, built on first use."""
         loop = self._loops.get(task.family)
         if loop is None:
-            tools = self._family(task).tools()
+            family = self._family(task)
+            tools = family.tools()
             loop = AgentLoop(
                 self._make_renderer(tools.schemas()),
                 self.client,
@@ -85,6 +87,8 @@ class AgentStages:
                 self.agent,
                 self.sampling,
                 rollout_timeout_s=self.rollout_timeout_s,
+                # A family may bring its own hints (the SWE recipe adds view-without-search).
+                hint_policy=getattr(family, "hint_policy", HintPolicy),
             )
             self._loops[task.family] = loop
         return loop

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from conveyor.agent.chat import ChatRenderer, TokenLedger
 from conveyor.agent.hints import HintPolicy, TurnObservation
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext, ToolRegistry
-from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.config import AgentConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import SampleRequest, SamplingClient
 from conveyor.runtime.base import Runtime
 from conveyor.types import Message, Status, StopReason, Task, Trajectory, Turn
@@ -59,6 +60,7 @@ class AgentLoop:
         sampling: SamplingConfig,
         *,
         rollout_timeout_s: float,
+        hint_policy: Callable[[HintsConfig], HintPolicy] = HintPolicy,
     ) -> None:
         self.renderer = renderer
         self.client = client
@@ -66,6 +68,7 @@ class AgentLoop:
         self.agent = agent
         self.sampling = sampling
         self.rollout_timeout_s = rollout_timeout_s
+        self.hint_policy = hint_policy
         self._schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in tools.schemas()
         }
@@ -75,7 +78,7 @@ class AgentLoop:
         start = time.monotonic()
         state = _State()
         ledger = TokenLedger(self.renderer)
-        hints = HintPolicy(self.agent.hints)
+        hints = self.hint_policy(self.agent.hints)
         ctx = ToolContext(task=task, runtime=runtime)
         await self._turns(task, sample_index, ledger, hints, ctx, state)
         state.counters["splits"] = ledger.splits

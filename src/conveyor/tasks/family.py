@@ -11,6 +11,7 @@ its canonical key), not of the seed, so no seed can put an evaluation instance i
 from __future__ import annotations
 
 import hashlib
+import importlib
 import random
 from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
@@ -61,6 +62,9 @@ class TaskFamily(Protocol):
 
 
 _FAMILIES: dict[str, Callable[[], TaskFamily]] = {}
+# Families that live in heavier layers (recipes) register on first use, keeping imports light and
+# acyclic: the name maps to the module whose import registers it.
+_LAZY: dict[str, str] = {"swe": "conveyor.swe.family"}
 
 
 def register_family(cls: type[F]) -> type[F]:
@@ -76,16 +80,18 @@ def register_family(cls: type[F]) -> type[F]:
 
 def get_family(name: str) -> TaskFamily:
     """A new instance of the family registered as `name`; `KeyError` naming the known ones."""
+    if name not in _FAMILIES and name in _LAZY:
+        importlib.import_module(_LAZY[name])
     try:
         factory = _FAMILIES[name]
     except KeyError:
-        known = ", ".join(family_names()) or "none"
+        known = ", ".join(sorted({*_FAMILIES, *_LAZY})) or "none"
         raise KeyError(f"unknown task family '{name}'; known families: {known}") from None
     return factory()
 
 
 def family_names() -> list[str]:
-    """Names of the registered families, sorted."""
+    """Names of the families registered so far, sorted (lazy ones appear once used)."""
     return sorted(_FAMILIES)
 
 

@@ -1,0 +1,120 @@
+"""`conveyor tasks`: build SWE tasks from PyPI sdists, and grade a patch against a task row.
+
+The lead mounts `tasks_app` as `conveyor tasks`. Heavy work is imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+tasks_app = typer.Typer(
+    help="Make SWE-bench-style tasks offline from PyPI sdists, and grade patches against them.",
+    no_args_is_help=True,
+)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=2)
+
+
+@tasks_app.command("build")
+def build(
+    project: Annotated[str, typer.Option(help="PyPI project whose sdist ships its tests.")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write the task rows to.")],
+    version: Annotated[str | None, typer.Option(help="Base release (default: the newest).")] = None,
+    mutations: Annotated[int, typer.Option(help="Procedural-bug tasks to make.")] = 50,
+    release_pairs: Annotated[
+        bool, typer.Option(help="Also make release-pair tasks (tests of N+1 failing on N).")
+    ] = False,
+    max_pairs: Annotated[int, typer.Option(help="Consecutive release pairs to try.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the mutant order.")] = 0,
+    workers: Annotated[int, typer.Option(help="Mutants evaluated at once.")] = 2,
+    hide_tests: Annotated[
+        bool, typer.Option(help="Remove the FAIL_TO_PASS test files from the starting state.")
+    ] = True,
+) -> None:
+    """Build tasks; prints progress, then the yield report as JSON on the last line."""
+    from conveyor.swe.dataset import write_rows
+    from conveyor.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.swe.projects import BuildReport, spec_for
+    from conveyor.swe.release_pairs import build_release_pair_tasks
+
+    async def main() -> tuple[list, BuildReport]:  # type: ignore[type-arg]
+        spec = spec_for(project)
+        ctx = await asyncio.to_thread(prepare_project, spec, version)
+        report = BuildReport(ctx.name, ctx.version)
+        rows = []
+        if mutations > 0:
+            rows += await build_mutation_tasks(
+                ctx,
+                mutations,
+                seed=seed,
+                workers=workers,
+                hide_tests=hide_tests,
+                report=report,
+                say=typer.echo,
+            )
+        if release_pairs:
+            pairs = await build_release_pair_tasks(
+                spec, ctx.version, max_pairs=max_pairs, report=report, say=typer.echo
+            )
+            rows += pairs
+        return rows, report
+
+    rows, report = asyncio.run(main())
+    write_rows(out, rows)
+    typer.echo(f"wrote {len(rows)} tasks to {out}")
+    typer.echo(report.to_json())
+
+
+@tasks_app.command("grade")
+def grade_command(
+    tasks: Annotated[Path, typer.Option(help="JSONL (or parquet) file of task rows.")],
+    instance: Annotated[str, typer.Option(help="instance_id of the row to grade.")],
+    patch: Annotated[
+        Path | None, typer.Option(help="Unified diff to grade (default: the empty patch).")
+    ] = None,
+    gold: Annotated[bool, typer.Option(help="Grade the row's own gold patch.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON summary.")] = False,
+    partial_credit: Annotated[bool, typer.Option(help="Report F2P share as reward.")] = False,
+    test_timeout: Annotated[float, typer.Option(help="Seconds per test.")] = 30.0,
+) -> None:
+    """Build the task's workspace, apply the patch, run its tests and report (exit 0 when graded,
+    resolved or not; 2 on a bad row or file)."""
+    from conveyor.swe.dataset import find_row
+    from conveyor.swe.grading import GradingOptions, grade
+
+    try:
+        row = find_row(tasks, instance)
+    except (KeyError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    text = row.patch if gold else (patch.read_text(encoding="utf-8") if patch else "")
+    options = GradingOptions(partial_credit=partial_credit, per_test_timeout_s=test_timeout)
+    try:
+        report = asyncio.run(grade(row, text, options))
+    except ValueError as exc:
+        _fail(str(exc))
+    if as_json:
+        if report.dropped_paths:
+            typer.echo(f"ignored changes: {json.dumps(report.dropped_paths)}", err=True)
+        if report.error:
+            typer.echo(f"note: {report.error}", err=True)
+        typer.echo(json.dumps(report.summary()))
+    else:
+        verdict = "RESOLVED" if report.resolved else "not resolved"
+        typer.echo(
+            f"{report.instance_id}: {verdict}; F2P {report.f2p_passed}/{report.f2p_total}, "
+            f"P2P {report.p2p_passed}/{report.p2p_total}, {report.seconds:.1f} s"
+        )
+        for path, why in report.dropped_paths.items():
+            typer.echo(f"  ignored change to {path} ({why})")
+        if report.error:
+            typer.echo(f"  {report.error}")
+        for nodeid in report.failing[:10]:
+            typer.echo(f"  failing: {nodeid}")

@@ -1,0 +1,330 @@
+"""The task factory: SWE-bench rows made offline from PyPI sdists that ship their tests.
+
+Procedural bugs (SWE-smith style), per project:
+1. the sdist is unpacked and its test venv built once (`environment.py`);
+2. the suite runs twice in the sandbox, once under coverage.py: tests passing both times are the
+   baseline, the covered lines tell where mutations may go;
+3. candidate mutants (`mutations.py`), round-robin over functions, run the baseline tests; a
+   mutant is kept when some baseline tests now fail in their call phase, at least one by an
+   assertion, none fails at collection or import, none times out (infinite loops are killed by
+   the per-test alarm or the run deadline) and no baseline test disappears;
+4. duplicates (same function, same failing tests, same messages) are dropped;
+5. each kept task is graded twice from scratch with the real grader: the gold patch must resolve
+   it and the empty patch must not, which also catches flaky tests.
+
+The row's `setup_patch` puts the bug in and (by default) removes the test files holding
+FAIL_TO_PASS tests; `test_patch` brings them back at grading; `patch` is the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conveyor.runtime.workspace import make_workspace
+from conveyor.swe.dataset import PYPI_PREFIX, RowEnvironment, SweRow
+from conveyor.swe.environment import (
+    TestEnvironment,
+    project_source,
+    swe_home,
+    test_environment,
+)
+from conveyor.swe.grading import GRADE_DIR, GradingOptions, TestRun, grade, run_tests
+from conveyor.swe.mutations import Mutation, mutations_of_file, pick
+from conveyor.swe.patches import file_diff
+from conveyor.swe.projects import BuildReport, ProjectLayout, ProjectSpec, detect_layout
+
+log = logging.getLogger(__name__)
+
+ASSERTION_TYPES = frozenset({"AssertionError", "Failed"})
+NOT_A_BEHAVIOUR = frozenset({"ImportError", "ModuleNotFoundError", "SyntaxError", "NameError"})
+MUTANT_TEST_TIMEOUT_S = 10.0
+_MESSAGE_CHARS = 300
+_STATEMENT_TESTS = 6
+
+
+@dataclass
+class Baseline:
+    """The unmutated project: tests that pass twice, covered lines per file, suite wall time."""
+
+    passed: list[str]
+    covered: dict[str, set[int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class Verdict:
+    """What a mutant did to the baseline tests."""
+
+    keep: bool
+    reason: str
+    fail_to_pass: list[str] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ProjectContext:
+    """Everything the factory steps of one project share."""
+
+    name: str
+    version: str
+    root: Path
+    layout: ProjectLayout
+    spec: ProjectSpec
+    env: TestEnvironment
+
+    @property
+    def row_environment(self) -> RowEnvironment:
+        """The `environment` field (without `setup_patch`) of this project's rows."""
+        return RowEnvironment(
+            pythonpath=self.layout.pythonpath, extra_test_deps=list(self.spec.extra_test_deps)
+        )
+
+
+def prepare_project(spec: ProjectSpec, version: str | None = None) -> ProjectContext:
+    """Download and unpack the sdist, detect its layout, build its test venv (all cached)."""
+    root, resolved = project_source(spec.name, version)
+    return ProjectContext(
+        name=spec.name,
+        version=resolved,
+        root=root,
+        layout=detect_layout(root),
+        spec=spec,
+        env=test_environment(list(spec.extra_test_deps)),
+    )
+
+
+def _ignored(nodeid: str, spec: ProjectSpec) -> bool:
+    return any(
+        nodeid == p or nodeid.startswith(p.rstrip("/") + "/") or nodeid.startswith(p + "::")
+        for p in spec.ignore_tests
+    )
+
+
+async def measure_baseline(ctx: ProjectContext) -> Baseline:
+    """Run the suite under coverage, then again plainly; keep tests passing both times."""
+    paths = list(ctx.spec.test_paths) or None
+    with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
+        (ws.path / GRADE_DIR).mkdir(exist_ok=True)
+        rc = f"/workspace/{GRADE_DIR}/coveragerc"
+        data = f"/workspace/{GRADE_DIR}/coverage.data"
+        (ws.path / GRADE_DIR / "coveragerc").write_text("[run]\nbranch = False\n")
+        source = f"/workspace/{ctx.layout.pythonpath}"
+        cmd = f"python -m coverage run --rcfile={rc} --data-file={data} --source={source} -m pytest"
+        first = await run_tests(
+            ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, test_cmd=cmd
+        )
+        report = f"/workspace/{GRADE_DIR}/coverage.json"
+        from conveyor.swe.grading import make_test_runtime, test_env_vars
+
+        runtime = make_test_runtime(ws.path, ctx.env)
+        runtime.extra_env.update(test_env_vars(ctx.env, "/workspace", ctx.layout.pythonpath))
+        await runtime.start()
+        try:
+            await runtime.exec(
+                f"python -m coverage json --rcfile={rc} --data-file={data} -o {report} -q", 300
+            )
+        finally:
+            await runtime.close()
+        covered = _read_coverage(ws.path / GRADE_DIR / "coverage.json", ctx)
+    with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
+        second = await run_tests(ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath)
+    passed = sorted(t for t in first.passed() & second.passed() if not _ignored(t, ctx.spec))
+    if not passed:
+        raise RuntimeError(
+            f"no test of {ctx.name} {ctx.version} passes in the sandbox; log:\n{second.log_tail}"
+        )
+    return Baseline(passed=passed, covered=covered, seconds=second.seconds)
+
+
+def _read_coverage(path: Path, ctx: ProjectContext) -> dict[str, set[int]]:
+    if not path.exists():
+        return {}
+    files = json.loads(path.read_text()).get("files", {})
+    covered: dict[str, set[int]] = {}
+    for name, info in files.items():
+        rel = os.path.relpath(name, "/workspace") if os.path.isabs(name) else name
+        covered[Path(rel).as_posix()] = set(info.get("executed_lines", []))
+    return covered
+
+
+def candidate_mutations(ctx: ProjectContext, baseline: Baseline, seed: int) -> list[Mutation]:
+    """Every mutant on covered lines of the library files, in trial order."""
+    found: list[Mutation] = []
+    for rel in ctx.layout.source_files:
+        covered = baseline.covered.get(rel)
+        if not covered:
+            continue
+        text = (ctx.root / rel).read_text(encoding="utf-8")
+        found += mutations_of_file(rel, text, covered)
+    return pick(found, seed)
+
+
+async def evaluate_mutant(ctx: ProjectContext, baseline: Baseline, mutant: Mutation) -> Verdict:
+    """Run the baseline tests against one mutant and judge it (see the module doc)."""
+    with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
+        target = ws.path / mutant.path
+        target.write_text(mutant.mutated, encoding="utf-8")
+        run = await run_tests(
+            ws.path,
+            ctx.env,
+            select=baseline.passed,
+            pythonpath=ctx.layout.pythonpath,
+            per_test_timeout_s=MUTANT_TEST_TIMEOUT_S,
+            run_timeout_s=60 + 4 * baseline.seconds,
+        )
+    return judge(baseline, run)
+
+
+def judge(baseline: Baseline, run: TestRun) -> Verdict:
+    """Keep/reject a mutant from its test run."""
+    if run.timed_out:
+        return Verdict(False, "timeout")
+    if run.collect_errors:
+        return Verdict(False, "collection_error")
+    outcomes = [run.outcome(t) for t in baseline.passed]
+    if any(o.outcome == "missing" for o in outcomes):
+        return Verdict(False, "test_disappeared")
+    failing = [o for o in outcomes if not o.passed and o.outcome != "skipped"]
+    if not failing:
+        return Verdict(False, "survived")
+    if any(o.exc_type == "TestTimeout" for o in failing):
+        return Verdict(False, "timeout")
+    if any(o.outcome != "failed" or o.exc_type in NOT_A_BEHAVIOUR for o in failing):
+        return Verdict(False, "error_not_assertion")
+    if not any(o.exc_type in ASSERTION_TYPES for o in failing):
+        return Verdict(False, "no_assertion_failure")
+    failures = {o.nodeid: f"{o.exc_type}: {(o.message or '').strip()}" for o in failing}
+    return Verdict(True, "kept", sorted(failures), failures)
+
+
+def problem_statement(project: str, failures: dict[str, str], hidden: bool) -> str:
+    """An issue text from the failing tests' names and messages."""
+    lines = [f"Some behaviour of `{project}` is broken: these tests fail.", ""]
+    for nodeid in sorted(failures)[:_STATEMENT_TESTS]:
+        message = " ".join(failures[nodeid].split())[:_MESSAGE_CHARS]
+        lines.append(f"- `{nodeid}` fails with: {message}")
+    if len(failures) > _STATEMENT_TESTS:
+        lines.append(f"- ... and {len(failures) - _STATEMENT_TESTS} more tests")
+    lines.append("")
+    if hidden:
+        lines.append("These tests are not in the repository; other tests must keep passing.")
+    lines.append("Find the bug in the library code and fix it. Do not change the tests.")
+    return "\n".join(lines)
+
+
+def mutation_row(
+    ctx: ProjectContext, baseline: Baseline, mutant: Mutation, verdict: Verdict, hide: bool
+) -> SweRow:
+    """The SWE-bench row of a kept mutant."""
+    digest = hashlib.sha256(f"{mutant.path}\n{mutant.mutated}".encode()).hexdigest()[:8]
+    instance_id = f"{ctx.name}-{ctx.version}__{mutant.kind}__{digest}"
+    hidden = sorted({t.split("::")[0] for t in verdict.fail_to_pass}) if hide else []
+    setup = file_diff(mutant.path, mutant.original, mutant.mutated)
+    tests = ""
+    for rel in hidden:
+        text = (ctx.root / rel).read_text(encoding="utf-8")
+        setup += file_diff(rel, text, None)
+        tests += file_diff(rel, None, text)
+    env = ctx.row_environment.model_copy(update={"setup_patch": setup})
+    f2p = set(verdict.fail_to_pass)
+    return SweRow(
+        instance_id=instance_id,
+        repo=f"{PYPI_PREFIX}{ctx.name}",
+        version=ctx.version,
+        problem_statement=problem_statement(ctx.name, verdict.failures, bool(hidden)),
+        patch=file_diff(mutant.path, mutant.mutated, mutant.original),
+        test_patch=tests,
+        FAIL_TO_PASS=sorted(f2p),
+        PASS_TO_PASS=[t for t in baseline.passed if t not in f2p],
+        environment=env,
+        conveyor={
+            "source": "mutation",
+            "kind": mutant.kind,
+            "file": mutant.path,
+            "function": mutant.function,
+            "line": mutant.line,
+            "mutation": mutant.description,
+        },
+    )
+
+
+async def verify_row(row: SweRow, report: BuildReport | None = None) -> str | None:
+    """Grade gold and empty from scratch; None if gold resolves and empty does not, else why."""
+    options = GradingOptions(per_test_timeout_s=MUTANT_TEST_TIMEOUT_S, run_timeout_s=600)
+    gold = await grade(row, row.patch, options)
+    empty = await grade(row, "", options)
+    if report is not None:
+        report.grade_seconds += [gold.seconds, empty.seconds]
+    if not gold.resolved:
+        return "gold_not_resolved"
+    if empty.resolved:
+        return "empty_resolved"
+    return None
+
+
+async def build_mutation_tasks(
+    ctx: ProjectContext,
+    count: int,
+    *,
+    seed: int = 0,
+    workers: int = 2,
+    hide_tests: bool = True,
+    max_trials: int | None = None,
+    report: BuildReport | None = None,
+    say: Callable[[str], None] = log.info,
+) -> list[SweRow]:
+    """Up to `count` verified mutation tasks of one project."""
+    report = report or BuildReport(ctx.name, ctx.version)
+    baseline = await measure_baseline(ctx)
+    report.baseline_tests, report.baseline_seconds = len(baseline.passed), baseline.seconds
+    candidates = candidate_mutations(ctx, baseline, seed)
+    report.candidates = len(candidates)
+    say(
+        f"{ctx.name} {ctx.version}: {len(baseline.passed)} baseline tests "
+        f"({baseline.seconds:.1f} s), {len(candidates)} candidate mutants"
+    )
+    limit = max_trials if max_trials is not None else max(count * 8, 40)
+    queue = iter(candidates[:limit])
+    rows: list[SweRow] = []
+    signatures: set[str] = set()
+    lock = asyncio.Lock()
+
+    async def worker() -> None:
+        while len(rows) < count:
+            async with lock:
+                mutant = next(queue, None)
+            if mutant is None:
+                return
+            report.tried += 1
+            verdict = await evaluate_mutant(ctx, baseline, mutant)
+            if not verdict.keep:
+                report.reject(verdict.reason)
+                continue
+            signature = json.dumps([mutant.path, mutant.function, verdict.failures])
+            if signature in signatures:
+                report.reject("duplicate")
+                continue
+            signatures.add(signature)
+            row = mutation_row(ctx, baseline, mutant, verdict, hide_tests)
+            problem = await verify_row(row, report)
+            if problem is not None:
+                report.reject(problem)
+                continue
+            if len(rows) < count:
+                rows.append(row)
+                report.kept += 1
+                report.kinds[mutant.kind] = report.kinds.get(mutant.kind, 0) + 1
+                say(
+                    f"  kept {row.instance_id} ({len(row.FAIL_TO_PASS)} F2P) "
+                    f"[{len(rows)}/{count}, tried {report.tried}]"
+                )
+
+    await asyncio.gather(*(worker() for _ in range(max(1, workers))))
+    return sorted(rows, key=lambda r: r.instance_id)

@@ -1,0 +1,243 @@
+"""The `swe` task family: SWE-bench-format rows of `pypi:` projects, solved in a sandbox.
+
+Rows come from the JSONL/parquet files in `$CONVEYOR_SWE_TASKS` (paths separated by `:`), by
+default every `*.jsonl` under `<swe_home>/tasks` (where `conveyor tasks build --out` puts them
+in the docs' examples). An instance's split is a hash of its `instance_id` (`split_of`), so no
+seed moves a task between splits.
+
+Per rollout (`make_runtime`): an overlay workspace of the task's starting state, a
+`BubblewrapRuntime` over it with the project's test venv mounted read-only, and the task's code
+index (built once per starting state, shared, cached on disk) attached to the runtime for the
+`search_code` tool. `score` grades the workspace's diff with `grading.grade`; `oracle_calls`
+applies the gold patch through `str_replace_editor` edits, then finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from conveyor.agent.code_index import CodeIndex, IndexCache
+from conveyor.agent.search_tool import search_code
+from conveyor.agent.swe_tools import make_bash_tool, str_replace_editor
+from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
+from conveyor.runtime.base import Runtime
+from conveyor.runtime.bubblewrap import BubblewrapRuntime
+from conveyor.runtime.workspace import Workspace, make_workspace
+from conveyor.swe.dataset import SweRow, load_rows
+from conveyor.swe.environment import swe_home
+from conveyor.swe.grading import (
+    GradingOptions,
+    grade_runtime,
+    row_environment,
+    row_template,
+    test_env_vars,
+)
+from conveyor.swe.hints import SweHintPolicy
+from conveyor.swe.patches import split_patch
+from conveyor.tasks.family import SPLIT_SHARES, register_family, split_of, task_id
+from conveyor.types import Task, ToolCall
+
+TASKS_ENV = "CONVEYOR_SWE_TASKS"
+BASH_TIMEOUT_S = 60.0
+SWE_INDEXES = IndexCache(max_entries=16)
+
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing an issue in the Python repository at /workspace. "
+    "Tools: `bash` (a sandboxed shell in /workspace, no network; run tests with "
+    "`python -m pytest`), `str_replace_editor` (view files, edit with str_replace or insert), "
+    "`search_code` (find definitions, callers and code by name or description) and `finish`. "
+    "Make one tool call per message. Find the cause, edit the library code (not the tests), "
+    "check your fix, then call `finish` with a one-line summary."
+)
+
+
+def task_files() -> list[Path]:
+    """The row files the family reads (see the module doc)."""
+    configured = os.environ.get(TASKS_ENV)
+    if configured:
+        return [Path(p).expanduser() for p in configured.split(":") if p]
+    return sorted((swe_home() / "tasks").glob("*.jsonl"))
+
+
+class SweRuntime(BubblewrapRuntime):
+    """A bubblewrap runtime over a task workspace it owns (removed on close), with the task's
+    test venv and code index."""
+
+    def __init__(self, workspace: Workspace, row: SweRow) -> None:
+        env = row_environment(row)
+        super().__init__(workspace.path, env_dir=env.path)
+        self.extra_env.update(test_env_vars(env, self.root, row.env.pythonpath))
+        self.task_workspace = workspace
+        self.row = row
+        self.code_index: CodeIndex | None = None
+
+    async def close(self) -> None:
+        """Close the sandbox, then remove the workspace."""
+        await super().close()
+        await asyncio.to_thread(self.task_workspace.remove)
+
+
+@tool(name="search_code", timeout_s=120)
+async def swe_search_code(query: str, kind: str = "auto", *, ctx: ToolContext) -> str:
+    """Search the Python code: definitions by name, their uses and callers, or code by description.
+
+    Args:
+        query: A name (parse_config, Parser.parse or pkg.mod.func; typos and partial names are
+            fine) or a short description of the behaviour you are looking for.
+        kind: auto (names, or a text search when the query is a description), definition,
+            references (every use of a name across modules), callers (the functions that call
+            it) or text (keyword search over names, docstrings and code).
+    """
+    runtime = ctx.runtime
+    index = getattr(runtime, "code_index", None)
+    if index is not None:
+        ctx.state.setdefault("code_index", index)
+    workspace = getattr(runtime, "workspace", None)
+    if workspace is not None:
+        ctx.state.setdefault("workspace_root", str(workspace))
+    return str(await search_code.invoke({"query": query, "kind": kind}, ctx))
+
+
+@register_family
+class SweFamily:
+    """SWE tasks from factory (or user-supplied `pypi:`) rows; see the module doc."""
+
+    name = "swe"
+    grading = GradingOptions()
+    hint_policy = SweHintPolicy
+
+    def rows(self) -> list[SweRow]:
+        """Every row of the configured files, in file order."""
+        rows: list[SweRow] = []
+        for path in task_files():
+            rows += load_rows(path)
+        return rows
+
+    def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
+        """`n` rows of `split` in a seed-shuffled order; `ValueError` if there are fewer."""
+        if split not in SPLIT_SHARES:
+            raise ValueError(f"unknown split '{split}'")
+        rows = sorted(
+            (r for r in self.rows() if split_of(r.instance_id) == split),
+            key=lambda r: r.instance_id,
+        )
+        random.Random(f"swe/{seed}/{split}").shuffle(rows)
+        if len(rows) < n:
+            files = ", ".join(str(p) for p in task_files()) or f"none (set ${TASKS_ENV})"
+            raise ValueError(f"swe: only {len(rows)} '{split}' tasks in {files}; asked for {n}")
+        return [self.task(row, split, i) for i, row in enumerate(rows[:n])]
+
+    def task(self, row: SweRow, split: str = "eval", index: int = 0) -> Task:
+        """The `Task` of one row."""
+        return Task(
+            id=f"{task_id(self.name, split, index)}-{row.instance_id}",
+            family=self.name,
+            prompt=[
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": row.problem_statement},
+            ],
+            data={"row": row.model_dump(mode="json")},
+            split=split,
+        )
+
+    def tools(self) -> ToolRegistry:
+        """`bash`, `str_replace_editor`, `search_code` and `finish`."""
+        return ToolRegistry(
+            [make_bash_tool(BASH_TIMEOUT_S), str_replace_editor, swe_search_code, finish]
+        )
+
+    async def make_runtime(self, task: Task) -> Runtime:
+        """A started sandbox over a fresh workspace of the task, its code index attached."""
+        row = SweRow.model_validate(task.data["row"])
+        template = await asyncio.to_thread(row_template, row)
+        workspace = await asyncio.to_thread(make_workspace, template, swe_home() / "workspaces")
+        runtime = SweRuntime(workspace, row)
+        try:
+            await runtime.start()
+            runtime.code_index = await asyncio.to_thread(SWE_INDEXES.get, template)
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
+        """The grader's reward for the workspace's diff (1.0 resolved, else 0.0 or partial)."""
+        row = SweRow.model_validate(task.data["row"])
+        report = await grade_runtime(row, runtime, self.grading)
+        return report.reward
+
+    def oracle_calls(self, task: Task) -> list[ToolCall]:
+        """The gold patch as editor calls (one `str_replace` per hunk), then `finish`."""
+        row = SweRow.model_validate(task.data["row"])
+        return [
+            *gold_edits(row, row_template(row)),
+            ToolCall(name="finish", arguments={"answer": "Fixed the bug (gold patch applied)."}),
+        ]
+
+
+def gold_edits(row: SweRow, template: Path, root: str = "/workspace") -> list[ToolCall]:
+    """Editor calls that turn the starting state into starting state + gold patch."""
+    calls: list[ToolCall] = []
+    for part in split_patch(row.patch):
+        old_path = template / part.path
+        old = old_path.read_text(encoding="utf-8") if old_path.exists() else None
+        new = _patched(part.text, old)
+        path = f"{root}/{part.path}"
+        if old is None:
+            calls.append(_edit("create", path, file_text=new))
+            continue
+        for old_str, new_str in _hunks(part.text):
+            if old_str and old.count(old_str) == 1:
+                calls.append(_edit("str_replace", path, old_str=old_str, new_str=new_str))
+                old = old.replace(old_str, new_str, 1)
+        if old != new:  # hunks were not unique: replace the whole file's text
+            calls.append(_edit("str_replace", path, old_str=old, new_str=new))
+    return calls
+
+
+def _edit(command: str, path: str, **arguments: Any) -> ToolCall:
+    return ToolCall(
+        name="str_replace_editor", arguments={"command": command, "path": path, **arguments}
+    )
+
+
+def _hunks(text: str) -> list[tuple[str, str]]:
+    """(old, new) text of each hunk of one file's diff."""
+    hunks: list[tuple[list[str], list[str]]] = []
+    sign = " "
+    for line in text.splitlines(keepends=True):
+        if line.startswith("@@"):
+            hunks.append(([], []))
+        elif hunks and line.startswith("\\"):
+            old, new = hunks[-1]
+            for side, signs in ((old, " -"), (new, " +")):
+                if sign in signs and side and side[-1].endswith("\n"):
+                    side[-1] = side[-1][:-1]
+        elif hunks and line[:1] in (" ", "-", "+"):
+            old, new = hunks[-1]
+            sign = line[0]
+            if sign in " -":
+                old.append(line[1:])
+            if sign in " +":
+                new.append(line[1:])
+    return [("".join(o), "".join(n)) for o, n in hunks]
+
+
+def _patched(text: str, old: str | None) -> str:
+    """The file after applying its section of the patch (through a temporary folder)."""
+    import tempfile
+
+    from conveyor.swe.patches import apply_patch
+
+    path = next(p.path for p in split_patch(text))
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / path
+        if old is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(old, encoding="utf-8")
+        apply_patch(Path(tmp), text)
+        return target.read_text(encoding="utf-8") if target.exists() else ""

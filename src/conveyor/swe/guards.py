@@ -1,0 +1,104 @@
+"""Guards of the reward: what of an agent's changes may reach the grader.
+
+The agent's workspace is never graded in place. Its diff against the task's starting state is
+taken, every file section touching a protected path is dropped, and what is left is applied to a
+fresh copy of the starting state, to which the hidden test patch is then applied. So edits to
+test files, `conftest.py` files and test configuration are reverted by construction (the fresh
+copy holds the originals), and so are files that would change how Python or pytest start:
+`sitecustomize.py`, `.pth` files, package metadata with `pytest11` entry points, byte code, and
+top-level modules shadowing the test environment's own packages (`pytest.py`, `_pytest/`, ...).
+Symlinks never enter a diff. The sdist workspace has no version-control history to mine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from conveyor.swe.patches import split_patch
+
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+TEST_CONFIG_FILES = frozenset(
+    {
+        "conftest.py",
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "noxfile.py",
+    }
+)
+STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
+_METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+_BYTECODE_SUFFIXES = (".pyc", ".pyo", ".pth")
+
+
+def is_test_file(path: str) -> bool:
+    """Test code: under a `test`/`tests`/`testing` folder, `test_*.py`, `*_test.py`."""
+    *folders, name = path.split("/")
+    return (
+        any(folder in TEST_DIRS for folder in folders)
+        or (name.startswith("test_") and name.endswith(".py"))
+        or name.endswith("_test.py")
+        or name == "conftest.py"
+    )
+
+
+def protection_reason(path: str, shadowed: Iterable[str] = ()) -> str | None:
+    """Why the grader ignores an agent's change to `path` (repository-relative), or None.
+
+    `shadowed` are the top-level module names of the test environment (pytest, pluggy, ...):
+    a new file or folder of that name at the repository root would be imported instead.
+    """
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return "path outside the repository"
+    name = parts[-1]
+    if name in TEST_CONFIG_FILES:
+        return "test configuration"
+    if is_test_file(path):
+        return "test file"
+    if name in STARTUP_FILES or name.endswith(_BYTECODE_SUFFIXES):
+        return "interpreter start-up or byte code"
+    if any(p.endswith(_METADATA_SUFFIXES) or p == "__pycache__" for p in parts):
+        return "package metadata or cache"
+    top = parts[0].removesuffix(".py")
+    if top in set(shadowed) or top in {"pytest", "_pytest", "py", "pluggy", "conveyor_outcomes"}:
+        return "shadows a module of the test environment"
+    return None
+
+
+@dataclass
+class GuardedPatch:
+    """An agent's patch split into what reaches the grader and what was dropped (and why)."""
+
+    kept: str
+    dropped: dict[str, str] = field(default_factory=dict)
+
+
+def guard_patch(patch: str, shadowed: Iterable[str] = ()) -> GuardedPatch:
+    """Drop every file section of `patch` that touches a protected path (see the module doc)."""
+    names = list(shadowed)
+    kept: list[str] = []
+    dropped: dict[str, str] = {}
+    for part in split_patch(patch):
+        paths = {part.path, *_renamed_from(part.text)}
+        reasons = [r for p in paths if (r := protection_reason(p, names)) is not None]
+        if reasons:
+            dropped[part.path] = reasons[0]
+        else:
+            kept.append(part.text if part.text.endswith("\n") else part.text + "\n")
+    return GuardedPatch("".join(kept), dropped)
+
+
+def _renamed_from(text: str) -> list[str]:
+    """Old paths a section also touches (renames, copies, and its `---` line)."""
+    found = []
+    for line in text.splitlines()[:8]:
+        for prefix in ("rename from ", "copy from ", "--- a/"):
+            if line.startswith(prefix):
+                found.append(line[len(prefix) :].strip())
+    return found
