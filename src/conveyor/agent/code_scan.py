@@ -10,6 +10,7 @@ turn those paths into the qualified names of real definitions.
 from __future__ import annotations
 
 import ast
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -83,6 +84,24 @@ class ModuleScan:
     references: list[Reference]
 
 
+# CPython 3.11's AST validator keeps its recursion depth in interpreter-wide state: two threads
+# parsing at once fail with "SystemError: AST constructor recursion depth mismatch" (seen when
+# several rollouts built their code index in worker threads together). Parse one at a time.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse` of a module, serialised across threads (see `_PARSE_LOCK`)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
+def parse_expression(source: str) -> ast.Expression:
+    """`ast.parse(mode="eval")`, serialised across threads (see `_PARSE_LOCK`)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, mode="eval")
+
+
 @dataclass
 class _Scope:
     owner: str
@@ -95,7 +114,7 @@ def scan_module(
     source: str, module: str, path: str, *, is_package: bool = False, is_test: bool = False
 ) -> ModuleScan:
     """Scan one module's source; raises `SyntaxError` (or `ValueError`) if it does not parse."""
-    tree = ast.parse(source, filename=path)
+    tree = parse_source(source, filename=path)
     scanner = _Scanner(module, path, is_package, is_test, source.splitlines())
     scanner.run(tree)
     module_scope = scanner.module_scope

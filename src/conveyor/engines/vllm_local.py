@@ -15,10 +15,12 @@ import asyncio
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +54,16 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = 0.5
             if dtype == "auto":
                 dtype = "float32"
-        self._llm = LLM(
-            model=str(model_path),
-            dtype=dtype,  # type: ignore[arg-type]
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            seed=seed,
-            enforce_eager=True,
-            **kwargs,
-        )
+        with _kernel_scan_safe():
+            self._llm = LLM(
+                model=str(model_path),
+                dtype=dtype,  # type: ignore[arg-type]
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                seed=seed,
+                enforce_eager=True,
+                **kwargs,
+            )
         self._engine = self._llm.llm_engine
         self.max_model_len = max_model_len
         self.request_timeout_s = request_timeout_s
@@ -220,6 +223,24 @@ class VLLMEngine:
         await asyncio.to_thread(self._thread.join, 10)
         for request_id in list(self._waiters):
             self._fail(request_id, EngineError("vLLM engine closed"))
+
+
+@contextmanager
+def _kernel_scan_safe() -> Iterator[None]:
+    """Hide objects that break vLLM 0.32's start-up scan of every module's namespace.
+
+    On start the CPU platform rebinds Triton kernels by walking `sys.modules` and reading
+    `vars(value).get(...)` of each attribute; llvmlite's `_lib_fn_wrapper` objects (loaded with
+    numba, which bm25s imports when present) have a `__dict__` that is not a dict, and engine
+    start fails with AttributeError. The llvmlite modules leave `sys.modules` for the scan only.
+    """
+    hidden = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] == "llvmlite"}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.agent.code_scan import parse_source
+
 MUTATION_KINDS = (
     "flip_comparison",
     "change_operator",
@@ -147,7 +149,7 @@ def _body_start(function: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.stmt | 
 def mutations_of_file(path: str, text: str, covered: set[int] | None = None) -> list[Mutation]:
     """Every candidate mutant of one file, on lines in `covered` (all lines if None)."""
     try:
-        tree = ast.parse(text)
+        tree = parse_source(text)
     except SyntaxError:
         return []
     source = _Source(text)
@@ -163,7 +165,7 @@ def mutations_of_file(path: str, text: str, covered: set[int] | None = None) -> 
             if mutated is None or mutated in seen:
                 continue
             try:
-                if ast.dump(ast.parse(mutated)) == baseline:
+                if ast.dump(parse_source(mutated)) == baseline:
                     continue
             except SyntaxError:
                 continue

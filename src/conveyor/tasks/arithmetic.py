@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from conveyor.agent.code_scan import parse_expression
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish, tool
 from conveyor.runtime.base import Runtime
@@ -62,7 +63,7 @@ def evaluate(expression: str) -> Number:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = parse_expression(text)
     except SyntaxError:
         raise ValueError(f"not a valid arithmetic expression: {expression!r}") from None
     return _evaluate_node(tree.body)
