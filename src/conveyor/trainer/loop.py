@@ -223,6 +223,10 @@ class RLLoop:
                     next_tasks = self.stream.take(self.train.tasks_per_step)
                     pending_after = self.stream.cursor
                     pending = asyncio.create_task(self.collect(next_tasks))
+                with (self.run_dir / "rollouts.jsonl").open("a") as sink:
+                    # Every trajectory of the step, trained on or not, for inspection.
+                    for group in groups:
+                        sink.writelines(f"{t.to_json()}\n" for t in group.trajectories)
                 metrics = self.rollout_metrics(groups)
                 metrics["time/generation_s"] = gen_s
                 metrics.update(await self.update(groups))

@@ -57,14 +57,24 @@ def eval_report(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> di
     return report
 
 
-async def evaluate(stages: Any, tasks: Sequence[Task], config: ConveyorConfig) -> dict[str, Any]:
-    """One rollout per task through the dispatcher; the report of `eval_report`."""
+async def evaluate(
+    stages: Any,
+    tasks: Sequence[Task],
+    config: ConveyorConfig,
+    trajectories_file: Path | None = None,
+) -> dict[str, Any]:
+    """One rollout per task through the dispatcher; the report of `eval_report`.
+
+    With `trajectories_file`, every rollout is also written there (JSONL) for inspection.
+    """
     from conveyor.dispatch.config import DispatchSettings
     from conveyor.dispatch.factory import make_dispatcher
 
     start = time.monotonic()
     dispatcher = make_dispatcher(DispatchSettings.from_config(config), stages)
     trajectories = [t async for t in dispatcher.rollouts(tasks, 1)]
+    if trajectories_file is not None:
+        trajectories_file.write_text("".join(f"{t.to_json()}\n" for t in trajectories))
     report = eval_report(trajectories, tasks)
     report["seconds"] = time.monotonic() - start
     return report
@@ -184,7 +194,9 @@ async def run_training(
     eval_tasks = family_tasks(config, train.eval_tasks, "eval") if train.eval_tasks else []
     try:
         if eval_tasks and not (run_dir / "eval_before.json").is_file():
-            report = await evaluate(eval_stages, eval_tasks, config)
+            report = await evaluate(
+                eval_stages, eval_tasks, config, run_dir / "eval_before.trajectories.jsonl"
+            )
             _write(run_dir / "eval_before.json", report)
             say(f"before: pass rate {report['pass_rate']:.3f} (n={report['n']})")
         start_dir = model_dir
@@ -213,14 +225,18 @@ async def run_training(
         if checkpoint is not None or start_dir != model_dir:
             await client.update_weights(backend.export_weights(), backend.policy_version)
         if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
-            report = await evaluate(eval_stages, eval_tasks, config)
+            report = await evaluate(
+                eval_stages, eval_tasks, config, run_dir / "eval_after_sft.trajectories.jsonl"
+            )
             _write(run_dir / "eval_after_sft.json", report)
             say(f"after warm start: pass rate {report['pass_rate']:.3f} (n={report['n']})")
         t0 = time.monotonic()
         records: list[StepRecord] = await loop.run()
         timings["rl_s"] = time.monotonic() - t0
         if eval_tasks:
-            report = await evaluate(eval_stages, eval_tasks, config)
+            report = await evaluate(
+                eval_stages, eval_tasks, config, run_dir / "eval_after.trajectories.jsonl"
+            )
             _write(run_dir / "eval_after.json", report)
             say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
         if train.export_final:
