@@ -110,16 +110,17 @@ def _save_timeline(base: Any, report: dict[str, Any], folder: Path) -> Path:
 def _print_table(report: dict[str, Any]) -> None:
     print(
         f"swe-sim: {report['trajectories']} trajectories, seeds {report['seeds']}, "
-        f"bound {report['bound_s']:.0f}s ({report['bound_terms']['binding']})"
+        f"bound {report['bound_s']:.0f}s ({report['bound_terms']['binding']}), "
+        f"runtime-engine bound {report['tight_bound_s']:.0f}s"
     )
     print(
         f"{'strategy':<14}{'makespan_s':>11}{'traj/h':>9}{'eff':>7}{'util':>7}"
-        f"{'peakR':>7}{'1st grp':>9}  best knobs"
+        f"{'effT':>7}{'peakR':>7}{'1st grp':>9}  best knobs"
     )
     for name, s in report["strategies"].items():
         print(
             f"{name:<14}{s['makespan_s']:>11.0f}{s['throughput'] * 3600:>9.0f}"
-            f"{s['efficiency']:>7.3f}{s['engine_utilisation']:>7.3f}"
+            f"{s['efficiency']:>7.3f}{s['engine_utilisation']:>7.3f}{s['efficiency_tight']:>7.3f}"
             f"{s['peak_live_runtimes']:>7.0f}{s['first_group_fraction']:>9.2f}  {s['best_knobs']}"
         )
     print(f"ratios: {report.get('ratios')}")

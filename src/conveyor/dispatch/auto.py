@@ -7,17 +7,31 @@ Every control period (half the median init latency seen so far, between 1 s and 
   latency is the lowest median latency of any period with 8+ completions (its service time when
   nothing queues). When a period's median latency exceeds 2x the baseline, jobs queue for a CPU
   while holding a runtime: the budget shrinks towards the concurrency that would be served
-  without queueing (in-stage jobs / inflation, +25%), at most halving per period. When a pool is
+  without queueing (in-stage jobs / inflation, +25%), at most halving per period, and never
+  below 1.25x the most jobs served in any of the last 8 periods (the medians of a few
+  log-normal latencies are noisy: without that floor the budget ratcheted down to a third of
+  the CPUs at CPU x4 and left them idle). When a pool is
   full and latency is within 1.25x the baseline, the budget grows by half. No evidence (fewer
   than 3 completions in a period), no change.
-- Run stage. The engine's throughput (generated tokens/s, when the engine exposes
-  `generated_tokens`; else finished runs/s) is recorded against its requests in flight. The pool
-  starts at R and stays there while more requests buy more throughput; if more in flight brings
-  no more throughput than the best point seen (KV cache full, preemptions), it is cut back to
-  the concurrency of that best point.
+- Run stage. Every run in flight keeps its context in the engine's KV cache, also while its
+  tool call runs (the prefix cache). When those contexts outgrow the cache the engine evicts
+  cached prefixes and preempts requests, and each turn re-prefills its whole context: measured
+  on swe-sim (R = 256), prefill tokens per generated token jump from ~2 to ~20 and throughput
+  halves for hundreds of seconds, because the runs that caused it keep their contexts until
+  they end, and the first wave of runs grows its contexts in step. So the pool starts at the
+  config's `p_run` (not at R) and grows by a tenth per period only while it is full, at least
+  half its width of runs has finished (the first wave's contexts have grown) and the engine is
+  calm (prefill per generated token within 1.5x its lowest value). If more requests in flight
+  bring no more throughput than the best point seen, it is cut back to that point's
+  concurrency. KV-cache guard, when the engine exposes `prefill_tokens` and/or `preemptions`
+  (vLLM: prefix-cache hit rate, `num_preemptions`): a period with a new preemption, or with
+  prefill per generated token above 3x its lowest value and above 8 (more than even a period
+  of first turns prefills; judged on periods of 20k+ generated tokens), cuts the pool to 3/4 of
+  the runs in flight (not again until the runs in flight have come down to the cut), and that
+  becomes a ceiling the pool never grows past again.
 
 It never exceeds R and never drops a pool below 1; the CPU pools start at the config's
-`p_init`/`p_reward`, the run pool at R.
+`p_init`/`p_reward`, the run pool at `p_run`.
 """
 
 from __future__ import annotations
@@ -37,6 +51,17 @@ from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 
 _HISTORY = 256
+_CAPACITY_PERIODS = 8  # CPU capacity = most CPU-stage jobs served in the last 8 periods
+_MIN_TOKENS = 20_000  # generated tokens a period needs before its prefill ratio counts
+_THRASH_PREFILL_RATIO = 3.0  # x the lowest ratio seen, and at least:
+# a new session's first turn prefills its whole prompt (swe-sim: ~2500 / ~344 tokens = 7.3), so
+# only a ratio above any mix of first and later turns means cached prefixes are re-prefilled
+_THRASH_PREFILL_MIN = 8.0
+_CALM_PREFILL_RATIO = 1.5  # the run pool grows only while prefill stays near its floor
+
+
+def _delta(now: int | None, before: int | None) -> int | None:
+    return now - before if now is not None and before is not None else None
 
 
 @register_strategy("auto")
@@ -52,12 +77,15 @@ class AutoDispatcher(PipelineDispatcher):
         telemetry: Telemetry | None = None,
     ) -> None:
         super().__init__(stages, settings, engine=engine, telemetry=telemetry)
-        self.pools[Stage.RUN].set_limit(settings.max_live_runtimes)
+        self.pools[Stage.RUN].set_limit(min(settings.p_run, settings.max_live_runtimes))
         self._period_latencies: dict[Stage, list[float]] = {s: [] for s in Stage}
         self._baseline: dict[Stage, float] = dict.fromkeys(Stage, math.inf)
         self._init_latencies: deque[float] = deque(maxlen=_HISTORY)
         self._completed: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._best: tuple[float, float] = (0.0, 0.0)  # (throughput, engine in flight) at best
+        self._run_ceiling = settings.max_live_runtimes
+        self._cpu_served: deque[float] = deque(maxlen=_CAPACITY_PERIODS)
+        self._prefill_floor = math.inf  # lowest prefill tokens per generated token seen
         self.decisions: list[dict[str, float]] = []
 
     async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
@@ -83,6 +111,8 @@ class AutoDispatcher(PipelineDispatcher):
             period = self._period()
             completed = dict(self._completed)
             tokens = self._engine_tokens()
+            prefill = self._engine_counter("prefill_tokens")
+            preempted = self._engine_counter("preemptions")
             in_stage = dict.fromkeys(Stage, 0.0)
             full = dict.fromkeys(Stage, 0.0)
             in_flight = 0.0
@@ -104,11 +134,35 @@ class AutoDispatcher(PipelineDispatcher):
                 if now_tokens is not None and tokens is not None
                 else done[Stage.RUN]
             )
-            self._size_run_stage(produced / period, in_flight, in_stage[Stage.RUN])
+            thrashing, calm = self._kv_state(
+                produced if now_tokens is not None and tokens is not None else None,
+                _delta(self._engine_counter("prefill_tokens"), prefill),
+                _delta(self._engine_counter("preemptions"), preempted),
+            )
+            self._size_run_stage(produced / period, in_flight, in_stage[Stage.RUN], thrashing, calm)
 
     def _engine_tokens(self) -> int | None:
-        value = getattr(self.engine, "generated_tokens", None)
+        return self._engine_counter("generated_tokens")
+
+    def _engine_counter(self, name: str) -> int | None:
+        value = getattr(self.engine, name, None)
         return value if isinstance(value, int) else None
+
+    def _kv_state(
+        self, generated: int | None, prefilled: int | None, preempted: int | None
+    ) -> tuple[bool, bool]:
+        """(thrashing, calm): did the engine run out of KV cache this period (preemptions,
+        re-prefilled prefixes), and was there no sign of pressure at all?"""
+        if preempted:
+            return True, False
+        if generated is None or prefilled is None or generated < _MIN_TOKENS:
+            return False, True
+        ratio = prefilled / generated
+        floor = self._prefill_floor
+        thrashing = ratio > max(_THRASH_PREFILL_MIN, _THRASH_PREFILL_RATIO * floor)
+        calm = ratio <= _CALM_PREFILL_RATIO * floor
+        self._prefill_floor = min(floor, ratio)
+        return thrashing, calm
 
     def _size_cpu_stages(
         self, latencies: dict[Stage, list[float]], in_stage: dict[Stage, float], full: bool
@@ -127,9 +181,12 @@ class AutoDispatcher(PipelineDispatcher):
             return  # no evidence either way
         total = sum(self.pools[s].limit for s in stages)
         worst = max(inflation.values())
+        served = sum(in_stage[s] / max(1.0, inflation.get(s, 1.0)) for s in stages)
+        if all(s in inflation or in_stage[s] < 1 for s in stages):
+            self._cpu_served.append(served)
         if worst > 2.0:
-            served = sum(in_stage[s] / inflation.get(s, 1.0) for s in stages)
-            total = max(2, math.ceil(1.25 * served), total // 2)
+            capacity = max(served, *self._cpu_served)
+            total = max(2, math.ceil(1.25 * capacity), min(total // 2, math.ceil(2 * capacity)))
         elif full and worst <= 1.25:
             total = min(2 * self.settings.max_live_runtimes, math.ceil(total * 1.5))
         service = [self._baseline[s] for s in stages]
@@ -140,15 +197,26 @@ class AutoDispatcher(PipelineDispatcher):
         self._log(Stage.INIT, init_limit, worst, in_stage[Stage.INIT])
         self._log(Stage.REWARD, total - init_limit, worst, in_stage[Stage.REWARD])
 
-    def _size_run_stage(self, throughput: float, in_flight: float, busy: float) -> None:
+    def _size_run_stage(
+        self,
+        throughput: float,
+        in_flight: float,
+        busy: float,
+        thrashing: bool = False,
+        calm: bool = True,
+    ) -> None:
         pool = self.pools[Stage.RUN]
         best_throughput, best_in_flight = self._best
-        if throughput > best_throughput:
+        if thrashing:
+            if busy < pool.limit + 0.5:  # else the last cut has not taken effect yet
+                self._run_ceiling = max(1, min(pool.limit, math.floor(0.75 * busy)))
+                pool.set_limit(self._run_ceiling)
+        elif throughput > best_throughput:
             self._best = (throughput, in_flight)
         elif in_flight > 1.25 * best_in_flight > 0 and throughput < 1.02 * best_throughput:
             pool.set_limit(max(1, math.ceil(busy * best_in_flight / in_flight)))
-        elif busy >= pool.limit - 1:
-            pool.set_limit(min(self.settings.max_live_runtimes, math.ceil(pool.limit * 1.25)))
+        elif busy >= pool.limit - 1 and 2 * self._completed[Stage.RUN] >= pool.limit and calm:
+            pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * 1.1)))
         self._log(Stage.RUN, pool.limit, throughput, busy)
 
     def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:

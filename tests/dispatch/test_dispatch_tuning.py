@@ -1,0 +1,127 @@
+"""The runtime-engine bound and `auto`'s KV-cache guard."""
+
+from __future__ import annotations
+
+from conveyor.bench.bound import makespan_bound
+from conveyor.bench.dispatch import simulate
+from conveyor.bench.sim_stages import SimEnvironment
+from conveyor.bench.swe_sim import SweSimWorkload
+from conveyor.bench.virtual_loop import run_virtual
+from conveyor.dispatch import DispatchSettings
+from conveyor.dispatch.auto import AutoDispatcher
+from conveyor.dispatch.base import Stage
+
+TIGHT = SweSimWorkload(tasks=16, samples_per_task=4, max_live_runtimes=32, cpu_slots=16)
+
+
+def test_runtime_engine_bound_binds_where_r_is_tight_and_stays_below_every_makespan() -> None:
+    bound = makespan_bound(TIGHT, 0)
+    # R = 32 cannot feed 4 replicas a big batch: the coupled term exceeds every separate one
+    assert bound.runtime_engine_s > bound.bound_s
+    assert bound.tight_bound_s == bound.runtime_engine_s
+    assert bound.as_dict()["tight_bound_s"] == bound.tight_bound_s
+    for strategy, knobs in (
+        ("bounded_batch", {"max_parallel": 32}),
+        ("pipeline", {"p_init": 16, "p_run": 32, "p_reward": 16}),
+    ):
+        result = simulate(TIGHT, strategy, knobs, 0)
+        assert result["makespan_s"] >= bound.tight_bound_s
+        assert 0 < result["efficiency_tight"] <= 1
+        assert result["efficiency_tight"] > result["efficiency"]
+
+
+def test_runtime_engine_bound_never_undercuts_the_issue_bound() -> None:
+    loose = TIGHT.model_copy(update={"max_live_runtimes": 512})
+    bound = makespan_bound(loose, 0)
+    assert bound.tight_bound_s == bound.bound_s  # plenty of runtimes: the coupling is slack
+
+
+class _Engine:
+    """Counters like the ones a vLLM client exposes (tokens, prefill, preemptions)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.generated_tokens = 0
+        self.prefill_tokens = 0
+        self.preemptions = 0
+
+
+def _auto(engine: _Engine, r: int = 200) -> AutoDispatcher:
+    settings = DispatchSettings(strategy="auto", max_live_runtimes=r)
+    return AutoDispatcher(SimEnvironment(TIGHT, 0), settings, engine=engine)
+
+
+def test_auto_cuts_the_run_pool_when_the_kv_cache_thrashes_and_never_regrows() -> None:
+    async def scenario() -> list[int]:
+        auto = _auto(_Engine())
+        auto._completed[Stage.RUN] = 1000  # past the first wave: growth allowed when calm
+        limits = [auto.pools[Stage.RUN].limit]  # starts at p_run (96), not at R
+        # settled periods: ~2 prefill tokens per generated token
+        for _ in range(3):
+            assert auto._kv_state(50_000, 100_000, 0) == (False, True)
+        auto._size_run_stage(2000.0, 80.0, busy=96.0)  # a new best throughput: recorded
+        # calm and full: the pool grows by a tenth
+        auto._size_run_stage(1990.0, 80.0, busy=96.0)
+        limits.append(auto.pools[Stage.RUN].limit)
+        # some pressure (prefill 1.5x-3x its floor): no growth
+        assert auto._kv_state(50_000, 200_000, 0) == (False, False)
+        auto._size_run_stage(1990.0, 80.0, busy=106.0, calm=False)
+        limits.append(auto.pools[Stage.RUN].limit)
+        # the cache overflows: prefixes re-prefilled, ratio x10
+        assert auto._kv_state(50_000, 1_000_000, 0) == (True, False)
+        auto._size_run_stage(1000.0, 80.0, busy=100.0, thrashing=True)
+        limits.append(auto.pools[Stage.RUN].limit)  # 3/4 of 100 runs in flight
+        # still thrashing while the runs drain: no second cut before the first took effect
+        auto._size_run_stage(500.0, 80.0, busy=90.0, thrashing=True)
+        limits.append(auto.pools[Stage.RUN].limit)
+        # calm again, pool full: growth stops at the ceiling
+        for _ in range(5):
+            auto._size_run_stage(1900.0, 60.0, busy=float(auto.pools[Stage.RUN].limit))
+        limits.append(auto.pools[Stage.RUN].limit)
+        # a preemption alone is a thrash signal
+        assert auto._kv_state(50_000, 100_000, 1) == (True, False)
+        auto._size_run_stage(1000.0, 60.0, busy=60.0, thrashing=True)
+        limits.append(auto.pools[Stage.RUN].limit)
+        return limits
+
+    assert run_virtual(scenario()) == [96, 106, 106, 75, 75, 75, 45]
+
+
+def test_auto_ignores_prefill_noise_of_small_periods_and_first_turns() -> None:
+    async def scenario() -> list[tuple[bool, bool]]:
+        auto = _auto(_Engine())
+        return [
+            auto._kv_state(None, None, None),  # an engine without counters: no verdict
+            auto._kv_state(10, 10_000, 0),  # too few tokens to judge
+            auto._kv_state(50_000, 60_000, 0),  # floor 1.2
+            auto._kv_state(50_000, 350_000, 0),  # 7.0: a period of first turns, not a thrash
+        ]
+
+    assert run_virtual(scenario()) == [(False, True), (False, True), (False, True), (False, False)]
+
+
+def test_auto_keeps_the_cpu_budget_at_the_measured_capacity() -> None:
+    """Noisy latency medians once read as contention and shrank the CPU pools to a third of the
+    CPUs (CPU x4: 4115 s); the budget now never drops below 1.25x the jobs recently served."""
+
+    async def scenario() -> int:
+        auto = _auto(_Engine())
+        latencies = {Stage.INIT: [30.0] * 8, Stage.REWARD: [20.0] * 8, Stage.RUN: []}
+        busy = {Stage.INIT: 20.0, Stage.REWARD: 12.0, Stage.RUN: 0.0}
+        auto._size_cpu_stages(latencies, busy, full=True)  # 32 served at baseline latency
+        inflated = {Stage.INIT: [75.0] * 3, Stage.REWARD: [50.0] * 3, Stage.RUN: []}
+        for _ in range(4):  # noise reads as 2.5x inflation with few jobs in the stages
+            auto._size_cpu_stages(inflated, {**busy, Stage.INIT: 5.0, Stage.REWARD: 3.0}, False)
+        return auto.pools[Stage.INIT].limit + auto.pools[Stage.REWARD].limit
+
+    assert run_virtual(scenario()) >= 40
+
+
+def test_auto_at_r_256_avoids_the_thrash_of_an_unguarded_run_pool() -> None:
+    """Starting the run pool at R over-filled the KV cache at R = 256 (2090 s on this seed)."""
+    workload = SweSimWorkload(max_live_runtimes=256)
+
+    result = simulate(workload, "auto", {}, 1)
+    assert result["makespan_s"] < 1450  # 1329 s now
+    assert sum(result["statuses"].values()) == workload.trajectories
+    assert result["peak_live_runtimes"] <= 256
