@@ -35,7 +35,7 @@ from conveyor.runtime.limits import (
     prlimit_argv,
     run_limited,
 )
-from conveyor.runtime.workspace_files import WorkspaceFiles
+from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 WORKSPACE_PATH = "/workspace"
 _TOOLS = ("bwrap", "setpriv", "unshare", "prlimit")
@@ -57,7 +57,7 @@ _ETC_ENTRIES = (
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-class BubblewrapRuntime:
+class BubblewrapRuntime(HostWorkspaceRuntime):
     """A `Runtime` running each command in a bubblewrap sandbox over a host workspace folder.
 
     Args to the constructor: `workspace`, the host folder mounted read-write at `/workspace`
@@ -67,6 +67,8 @@ class BubblewrapRuntime:
     """
 
     root = WORKSPACE_PATH
+
+    _kind = "bubblewrap runtime"
 
     def __init__(
         self,
@@ -125,25 +127,6 @@ class BubblewrapRuntime:
             cleanup=functools.partial(kill_marked, marker),
         )
 
-    async def read_file(self, path: str) -> str:
-        """Read a workspace file; `PermissionError` for a path resolving outside the workspace."""
-        self._check_usable()
-        return self.files.read(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Atomically replace or create a workspace file, owned by the sandbox user."""
-        self._check_usable()
-        self.files.write(path, content)
-
-    async def list_dir(self, path: str) -> list[str]:
-        """Entries of a workspace folder, folders with a trailing '/'."""
-        self._check_usable()
-        return self.files.list(path)
-
-    def alive(self) -> bool:
-        """Started and not yet closed."""
-        return self._started and not self._closed
-
     async def close(self) -> None:
         """Kill anything of this sandbox still running; later calls do nothing."""
         if self._closed:
@@ -195,12 +178,6 @@ class BubblewrapRuntime:
             if base is not None and not base.is_relative_to("/usr"):
                 mounts.append(base)
         return mounts
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise RuntimeFailure("bubblewrap runtime is closed")
-        if not self._started:
-            raise RuntimeFailure("bubblewrap runtime was never started")
 
     def _kill_leftovers(self) -> None:
         # Each PID namespace already ends with its command; this catches commands still running.

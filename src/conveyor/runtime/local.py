@@ -26,7 +26,7 @@ from conveyor.runtime.limits import (
     prlimit_argv,
     run_limited,
 )
-from conveyor.runtime.workspace_files import WorkspaceFiles
+from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,14 @@ NO_ISOLATION_WARNING = (
 _warned = False
 
 
-class LocalRuntime:
+class LocalRuntime(HostWorkspaceRuntime):
     """A `Runtime` running `bash -c` in a host workspace folder under `SandboxLimits`.
 
     The agent sees the workspace at its real host path (`root`). File operations are confined to
     the workspace like the sandboxed runtimes'. Warns once per process that it does not isolate.
     """
+
+    _kind = "local runtime"
 
     def __init__(
         self,
@@ -94,37 +96,12 @@ class LocalRuntime:
             cleanup=functools.partial(kill_marked, marker),
         )
 
-    async def read_file(self, path: str) -> str:
-        """Read a workspace file; `PermissionError` for a path resolving outside the workspace."""
-        self._check_usable()
-        return self.files.read(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Atomically replace or create a workspace file."""
-        self._check_usable()
-        self.files.write(path, content)
-
-    async def list_dir(self, path: str) -> list[str]:
-        """Entries of a workspace folder, folders with a trailing '/'."""
-        self._check_usable()
-        return self.files.list(path)
-
-    def alive(self) -> bool:
-        """Started and not yet closed."""
-        return self._started and not self._closed
-
     async def close(self) -> None:
         """Kill leftovers of this runtime's commands; later calls do nothing."""
         if self._closed:
             return
         self._closed = True
         self._kill_leftovers()
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise RuntimeFailure("local runtime is closed")
-        if not self._started:
-            raise RuntimeFailure("local runtime was never started")
 
     def _kill_leftovers(self) -> None:
         kill_marked(self.sandbox_id)

@@ -95,3 +95,43 @@ class WorkspaceFiles:
             new.mkdir()
             if self.owner is not None:
                 os.chown(new, *self.owner)
+
+
+class HostWorkspaceRuntime:
+    """File operations and lifecycle checks shared by runtimes whose workspace is a host folder.
+
+    Subclasses set `files`, `_started`, `_closed` and `_kind` (named in errors) and implement
+    `start`, `exec`, `close` and `_kill_leftovers`.
+    """
+
+    files: WorkspaceFiles
+    _started: bool
+    _closed: bool
+    _kind: str = "runtime"
+
+    async def read_file(self, path: str) -> str:
+        """Read a workspace file; `PermissionError` for a path resolving outside the workspace."""
+        self._check_usable()
+        return self.files.read(path)
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Atomically replace or create a workspace file."""
+        self._check_usable()
+        self.files.write(path, content)
+
+    async def list_dir(self, path: str) -> list[str]:
+        """Entries of a workspace folder, folders with a trailing '/'."""
+        self._check_usable()
+        return self.files.list(path)
+
+    def alive(self) -> bool:
+        """Started and not yet closed."""
+        return self._started and not self._closed
+
+    def _check_usable(self) -> None:
+        from conveyor.runtime.base import RuntimeFailure
+
+        if self._closed:
+            raise RuntimeFailure(f"{self._kind} is closed")
+        if not self._started:
+            raise RuntimeFailure(f"{self._kind} was never started")
