@@ -13,7 +13,13 @@ from tiny_llama import random_batch, save_tiny_llama
 
 from conveyor.trainer import losses, settings
 from conveyor.trainer.backend import TrainBatch, TrainingBackend, logprob_agreement
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings, lr_factor, token_logprobs
+from conveyor.trainer.engine import (
+    TorchTrainingEngine,
+    TrainerSettings,
+    kept_token_logprobs,
+    lr_factor,
+    token_logprobs,
+)
 from conveyor.types import TrainingSample
 
 
@@ -40,8 +46,12 @@ def assert_params_close(
     assert worst <= atol, f"max parameter difference {worst}"
 
 
-def capture_logits_grads(e: TorchTrainingEngine) -> list[torch.Tensor]:
-    """A list that receives d loss / d logits of every backward pass of `e`'s model."""
+def capture_hidden_grads(e: TorchTrainingEngine) -> list[torch.Tensor]:
+    """A list that receives d loss / d (final hidden states) of every backward pass of `e`.
+
+    The final hidden state at position t feeds only the logits that predict token t + 1, at
+    every position (the LM head itself runs only where some row trains a token).
+    """
     grads: list[torch.Tensor] = []
 
     def keep(grad: torch.Tensor) -> None:
@@ -51,7 +61,7 @@ def capture_logits_grads(e: TorchTrainingEngine) -> list[torch.Tensor]:
         if out.requires_grad:
             out.register_hook(keep)
 
-    e.model.get_output_embeddings().register_forward_hook(on_forward)
+    e.model.get_decoder().norm.register_forward_hook(on_forward)
     return grads
 
 
@@ -75,6 +85,23 @@ def test_token_logprobs_equal_sequence_logprobs(temperature: float, dtype: torch
     (grad_expected,) = torch.autograd.grad((expected * weights).sum(), logits)
     (grad_got,) = torch.autograd.grad((got * weights).sum(), logits)
     torch.testing.assert_close(grad_got, grad_expected, atol=1e-5, rtol=1e-5)
+
+
+def test_kept_token_logprobs_equal_full_ones_at_kept_positions_only() -> None:
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(2, 9, 50)).requires_grad_()
+    ids = torch.randint(0, 50, (2, 9))
+    targets = torch.tensor([2, 3, 7])
+    full = token_logprobs(logits, ids, temperature=0.7)
+    kept = kept_token_logprobs(logits[:, targets - 1], ids, targets, temperature=0.7)
+    torch.testing.assert_close(kept[:, targets], full[:, targets])
+    others = [c for c in range(9) if c not in targets.tolist()]
+    assert kept[:, others].abs().max() == 0
+    (grad,) = torch.autograd.grad(kept.sum(), logits)
+    assert grad[:, [c - 1 for c in others if c > 0]].abs().max() == 0  # no gradient elsewhere
+    assert grad[:, targets - 1].abs().max() > 0
+    with pytest.raises(ValueError, match="kept positions"):
+        kept_token_logprobs(logits, ids, targets)
 
 
 def test_engine_is_a_training_backend(tiny: Path) -> None:
@@ -110,6 +137,53 @@ def test_micro_batching_does_not_change_the_update(tiny: Path, loss: dict[str, A
     assert a.logprob_diff_max == pytest.approx(b.logprob_diff_max, abs=1e-6)
     assert a.metrics == pytest.approx(b.metrics, abs=1e-6)
     assert_params_close(params(whole), params(split), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "reduction", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+)
+def test_zero_advantage_samples_are_skipped_without_changing_the_update(
+    tiny: Path, reduction: str
+) -> None:
+    """Samples with advantage 0 are not forwarded, yet the update is that of the whole batch."""
+    batch = random_batch(n=6, seed=4)
+    items = [(s, 0.0 if i % 2 else a) for i, (s, a) in enumerate(batch.items)]
+    e = engine(tiny, max_grad_norm=None, loss={"reduction": reduction})
+    model = copy.deepcopy(e.model)
+    result = e.step(TrainBatch(items=items))
+    assert result.skipped_samples == 3
+    assert result.tokens == sum(len(s.input_ids) for i, (s, _) in enumerate(items) if i % 2 == 0)
+
+    n = max(len(s.input_ids) for s, _ in items)
+    ids = torch.zeros(len(items), n, dtype=torch.long)
+    mask = torch.zeros(len(items), n)
+    for row, (sample, _) in enumerate(items):
+        ids[row, : len(sample.input_ids)] = torch.tensor(sample.input_ids)
+        mask[row, : len(sample.input_ids)] = torch.tensor(sample.loss_mask, dtype=torch.float)
+    advantages = torch.tensor([a for _, a in items])
+    logprobs = losses.sequence_logprobs(model(input_ids=ids).logits, ids)
+    loss, _ = losses.policy_loss(
+        logprobs,
+        logprobs.detach(),
+        advantages,
+        mask,
+        reduction=reduction,
+        norm_len=n,  # type: ignore[arg-type]
+    )
+    loss.backward()
+    norm = torch.sqrt(sum(p.grad.square().sum() for p in model.parameters()))  # type: ignore[misc,union-attr]
+    assert result.loss == pytest.approx(float(loss.detach()), abs=1e-6)
+    assert result.grad_norm == pytest.approx(float(norm), rel=1e-5)
+
+
+def test_an_all_zero_advantage_batch_forwards_nothing_and_still_steps(tiny: Path) -> None:
+    batch = random_batch(n=3, seed=5)
+    e = engine(tiny)
+    before = params(e)
+    result = e.step(TrainBatch(items=[(s, 0.0) for s in batch.samples]))
+    assert result.skipped_samples == 3 and result.tokens == 0
+    assert result.grad_norm == 0.0 and result.policy_version == 1
+    assert_params_close(before, params(e), atol=0.0)  # zero gradient, fresh AdamW moments
 
 
 def test_step_loss_and_grad_norm_equal_one_policy_loss_call(tiny: Path) -> None:
@@ -154,14 +228,14 @@ def test_masked_tokens_get_exactly_zero_gradient(tiny: Path) -> None:
         for s, a in batch.items
     ]
     e = engine(tiny, loss={"tis": True})
-    grads = capture_logits_grads(e)
+    grads = capture_hidden_grads(e)
     result = e.step(TrainBatch(items=items))
     assert math.isfinite(result.loss) and math.isfinite(result.grad_norm)
     (grad,) = grads  # one micro-batch
     order = sorted(range(len(items)), key=lambda i: -len(items[i][0].input_ids))
     for row, i in enumerate(order):
         mask = items[i][0].loss_mask
-        # logits at t - 1 predict token t: they get gradient only where token t is trained
+        # hidden state t - 1 predicts token t: it gets gradient only where token t is trained
         predicts_trained = torch.tensor(mask[1:] + [0] * (grad.shape[1] - len(mask) + 1)).bool()
         assert torch.count_nonzero(grad[row][~predicts_trained]) == 0
         assert torch.count_nonzero(grad[row][predicts_trained]) > 0
@@ -304,7 +378,7 @@ def test_one_step_of_the_real_model() -> None:
         (s.model_copy(update={"logprobs": lp}), adv)
         for s, lp, adv in zip(samples, own, [1.0, -1.0], strict=True)
     ]
-    grads = capture_logits_grads(e)
+    grads = capture_hidden_grads(e)
     before = params(e)
     result = e.step(TrainBatch(items=items))
     assert math.isfinite(result.loss) and 0.0 < result.grad_norm < math.inf

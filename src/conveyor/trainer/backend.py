@@ -72,7 +72,10 @@ class StepResult:
     - `loss`: the batch loss (the configured reduction over the whole batch, not one micro-batch).
     - `grad_norm`: the global L2 norm of the gradient before clipping.
     - `lr`: the learning rate this update used.
-    - `tokens`: non-padding tokens processed; `trained_tokens`: those with loss mask 1.
+    - `tokens`: non-padding tokens forwarded; `trained_tokens`: tokens with loss mask 1 in the
+      batch (forwarded or not).
+    - `skipped_samples`: samples not forwarded because their gradient is exactly zero
+      (advantage 0 and no KL term); they still count in the loss normalisation.
     - `tokens_per_s`: `tokens` over the wall time of the step.
     - `logprob_diff_mean` / `logprob_diff_max`: mean and max of |trainer logprob - behaviour
       logprob| over trained tokens, under the parameters that start the update. A broken weight
@@ -92,6 +95,7 @@ class StepResult:
     policy_version: int
     step_time_s: float
     metrics: dict[str, float] = field(default_factory=dict)
+    skipped_samples: int = 0
 
     def as_dict(self, prefix: str = "train/") -> dict[str, float]:
         """Flat float metrics, names prefixed, for `metrics.jsonl`."""
@@ -107,6 +111,7 @@ class StepResult:
                 "logprob_diff_mean",
                 "logprob_diff_max",
                 "policy_version",
+                "skipped_samples",
                 "step_time_s",
             )
         }
