@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import shutil
 import time
 from collections.abc import Sequence
@@ -134,6 +135,9 @@ async def warm_start(
     traces = await oracle_rollouts(AgentStages.from_config(config, oracle, tokenizer), tasks)
     good = [t for t in traces if t.status is Status.OK and (t.reward or 0.0) >= 1.0]
     samples = [s for t in good for s in t.samples()]
+    # One seeded shuffle: consecutive batches mix families and instances (traces come in
+    # family order, and a run of one family's batches at a warm-start learning rate drifts).
+    random.Random(config.trainer.train_seed).shuffle(samples)
     say(
         f"warm start: {len(good)}/{len(traces)} oracle traces solve their task; "
         f"{len(samples)} samples, {sum(len(s.input_ids) for s in samples)} tokens"
