@@ -60,8 +60,11 @@ def test_only_covered_lines_are_mutated() -> None:
     assert {m.kind for m in mutants} >= {"flip_comparison", "drop_condition", "invert_if"}
 
 
-def test_pick_spreads_over_functions_and_is_deterministic() -> None:
+def test_pick_spreads_over_kinds_and_functions_and_is_deterministic() -> None:
     mutants = mutations_of_file("s.py", SOURCE)
     first = pick(mutants, seed=1)
     assert first == pick(mutants, seed=1) and sorted(map(id, first)) == sorted(map(id, mutants))
-    assert {m.function for m in first[:2]} == {"scan", "Box.size"}
+    kinds = len({m.kind for m in mutants})
+    assert len({m.kind for m in first[:kinds]}) == kinds, "every kind before any repeats"
+    ops = [m for m in first if m.kind == "change_operator"]
+    assert {m.function for m in ops[:2]} == {"scan", "Box.size"}, "functions alternate"

@@ -101,9 +101,11 @@ def gold_of_patch(index: CodeIndex, patch: str) -> tuple[tuple[str, ...], tuple[
     return tuple(sorted(touched)), tuple(sorted(functions))
 
 
-def load_rows(tasks_file: Path, repo_root: Path) -> list[tuple[dict[str, Any], Path]]:
+def load_rows(tasks_file: Path, repo_root: Path | None) -> list[tuple[dict[str, Any], Path]]:
     """SWE-bench-style JSONL rows with their checkouts: `repo_root/<instance_id>` when that folder
-    exists, else `repo_root` itself (one checkout for every row)."""
+    exists, else `repo_root` itself (one checkout for every row); without `repo_root`, rows of
+    the task factory (`repo: pypi:NAME`) use their starting state (the sdist plus the row's
+    `setup_patch`: the mutated code, failing tests hidden), as an agent sees it."""
     pairs: list[tuple[dict[str, Any], Path]] = []
     for number, text in enumerate(tasks_file.read_text().splitlines(), start=1):
         if not text.strip():
@@ -112,9 +114,21 @@ def load_rows(tasks_file: Path, repo_root: Path) -> list[tuple[dict[str, Any], P
         missing = {"instance_id", "problem_statement", "patch"} - set(row)
         if missing:
             raise ValueError(f"{tasks_file}:{number}: row lacks {sorted(missing)}")
+        if repo_root is None:
+            pairs.append((row, _starting_state(row, f"{tasks_file}:{number}")))
+            continue
         own = repo_root / str(row["instance_id"])
         pairs.append((row, own if own.is_dir() else repo_root))
     return pairs
+
+
+def _starting_state(row: dict[str, Any], where: str) -> Path:
+    from conveyor.swe.dataset import SweRow
+    from conveyor.swe.grading import row_template
+
+    if not str(row.get("repo", "")).startswith("pypi:"):
+        raise ValueError(f"{where}: a row of {row.get('repo')!r} needs --repo-root (a checkout)")
+    return row_template(SweRow.model_validate(row))
 
 
 def tasks_from_rows(
@@ -256,32 +270,59 @@ def _function_names(definitions: Sequence[Definition], gold: Sequence[str]) -> l
 
 def evaluate(tasks: Sequence[SearchTask], index: CodeIndex) -> dict[str, Any]:
     """Top-k hit rates of the gold file and gold function, and lookup latency, per method."""
-    grep_start = time.perf_counter()
-    grep = GrepBaseline(index)
-    grep_prepare = time.perf_counter() - grep_start
-    rankers: dict[str, Callable[[str], tuple[list[str], list[Definition]]]] = {
-        "search_code": lambda q: _as_lists(rank_definitions(index, q, "auto", _DEPTH)[0]),
-        "bm25": lambda q: _as_lists(index.search_text(q, _DEPTH)),
-        "grep": grep.rank,
-    }
-    report: dict[str, Any] = {}
-    for method, rank in rankers.items():
-        hits = {f"{level}_top{k}": 0 for level in ("file", "function") for k in KS}
-        latencies: list[float] = []
-        for task in tasks:
-            start = time.perf_counter()
-            files, definitions = rank(task.query)
-            latencies.append(time.perf_counter() - start)
-            functions = _function_names(definitions, task.gold_functions)
-            for k in KS:
-                hits[f"file_top{k}"] += _hit(files, task.gold_files, k)
-                hits[f"function_top{k}"] += _hit(functions, task.gold_functions, k)
-        scored = max(1, len(tasks))
-        report[method] = {name: round(count / scored, 3) for name, count in hits.items()}
-        report[method]["latency_ms_median"] = round(1000 * statistics.median(latencies or [0]), 3)
-        report[method]["latency_ms_p90"] = round(1000 * _quantile(latencies, 0.9), 3)
-    report["grep"]["prepare_seconds"] = round(grep_prepare, 4)
-    return report
+    scores = Scores()
+    scores.add(tasks, index)
+    return scores.report()
+
+
+class Scores:
+    """Hits and latencies accumulated over groups of tasks, each group with its own index (a
+    factory task's starting state differs per task: its own index, as the agent would see)."""
+
+    def __init__(self) -> None:
+        self.tasks = 0
+        self.hits = {
+            m: {f"{lv}_top{k}": 0 for lv in ("file", "function") for k in KS} for m in METHODS
+        }
+        self.latencies: dict[str, list[float]] = {m: [] for m in METHODS}
+        self.grep_prepare: list[float] = []
+
+    def add(self, tasks: Sequence[SearchTask], index: CodeIndex) -> None:
+        """Score `tasks` against `index` with every method."""
+        grep_start = time.perf_counter()
+        grep = GrepBaseline(index)
+        self.grep_prepare.append(time.perf_counter() - grep_start)
+        rankers: dict[str, Callable[[str], tuple[list[str], list[Definition]]]] = {
+            "search_code": lambda q: _as_lists(rank_definitions(index, q, "auto", _DEPTH)[0]),
+            "bm25": lambda q: _as_lists(index.search_text(q, _DEPTH)),
+            "grep": grep.rank,
+        }
+        self.tasks += len(tasks)
+        for method, rank in rankers.items():
+            hits = self.hits[method]
+            for task in tasks:
+                start = time.perf_counter()
+                files, definitions = rank(task.query)
+                self.latencies[method].append(time.perf_counter() - start)
+                functions = _function_names(definitions, task.gold_functions)
+                for k in KS:
+                    hits[f"file_top{k}"] += _hit(files, task.gold_files, k)
+                    hits[f"function_top{k}"] += _hit(functions, task.gold_functions, k)
+
+    def report(self) -> dict[str, Any]:
+        """Hit rates and latency (median, p90) per method."""
+        report: dict[str, Any] = {}
+        scored = max(1, self.tasks)
+        for method in METHODS:
+            latencies = self.latencies[method]
+            report[method] = {n: round(c / scored, 3) for n, c in self.hits[method].items()}
+            report[method]["latency_ms_median"] = round(
+                1000 * statistics.median(latencies or [0]), 3
+            )
+            report[method]["latency_ms_p90"] = round(1000 * _quantile(latencies, 0.9), 3)
+        prepare = statistics.median(self.grep_prepare or [0])
+        report["grep"]["prepare_seconds"] = round(prepare, 4)
+        return report
 
 
 def evaluate_names(tasks: Sequence[SearchTask], index: CodeIndex, seed: int = 0) -> dict[str, Any]:
@@ -398,26 +439,38 @@ def bench_synthetic(project: str, count: int = 50, seed: int = 0) -> dict[str, A
 
 
 def bench_rows(pairs: Sequence[tuple[dict[str, Any], Path]]) -> dict[str, Any]:
-    """The benchmark on SWE-bench-style rows, one group per checkout, hit rates pooled."""
-    cache = IndexCache(max_entries=2)
-    tasks = tasks_from_rows(pairs, cache)
-    by_root: dict[Path, list[SearchTask]] = {}
-    for task in tasks:
-        by_root.setdefault(task.root, []).append(task)
-    groups = [
-        {
-            "root": str(root),
-            "tasks": len(group),
-            "index": time_index(root, repeats=1),
-            "methods": evaluate(group, cache.get(root)),
-        }
-        for root, group in by_root.items()
-    ]
+    """The benchmark on SWE-bench-style rows: one group per checkout, or per project for rows of
+    the task factory (each row searched in its own starting state); hit rates pooled."""
+    groups: dict[str, dict[Path, list[tuple[dict[str, Any], Path]]]] = {}
+    for row, root in pairs:
+        repo = str(row.get("repo", ""))
+        name = repo if repo.startswith("pypi:") else str(root)
+        groups.setdefault(name, {}).setdefault(root, []).append((row, root))
+    reports = []
+    total = 0
+    for name, by_root in groups.items():
+        scores = Scores()
+        for root, group in by_root.items():
+            cache = IndexCache(max_entries=1)
+            tasks = tasks_from_rows(group, cache)
+            scores.add(tasks, cache.get(root))
+        total += scores.tasks
+        first_root = next(iter(by_root))
+        reports.append(
+            {
+                "group": name,
+                "root": str(first_root),
+                "checkouts": len(by_root),
+                "tasks": scores.tasks,
+                "index": time_index(first_root, repeats=1 if len(groups) > 1 else 3),
+                "methods": scores.report(),
+            }
+        )
     return {
-        "tasks": len(tasks),
-        "skipped_rows": len(pairs) - len(tasks),
-        "methods": _pooled(groups),
-        "groups": groups,
+        "tasks": total,
+        "skipped_rows": len(pairs) - total,
+        "methods": _pooled(reports),
+        "groups": reports,
     }
 
 

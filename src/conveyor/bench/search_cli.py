@@ -20,7 +20,11 @@ def search(
         typer.Option(help="SWE-bench-style JSONL (instance_id, problem_statement, patch)"),
     ] = None,
     repo_root: Annotated[
-        Path | None, typer.Option(help="checkouts: DIR/<instance_id>, or DIR for every row")
+        Path | None,
+        typer.Option(
+            help="checkouts: DIR/<instance_id>, or DIR for every row; optional for factory "
+            "rows (repo pypi:NAME), which are searched in their own starting state"
+        ),
     ] = None,
     synthetic: Annotated[
         list[str] | None,
@@ -40,9 +44,11 @@ def search(
         raise typer.BadParameter("give --tasks FILE --repo-root DIR, or --synthetic PROJECT")
     report: dict[str, object] = {"benchmark": "search", "ks": list(bench.KS)}
     if tasks is not None:
-        if repo_root is None:
-            raise typer.BadParameter("--tasks needs --repo-root", param_hint="--repo-root")
-        report["rows"] = bench.bench_rows(bench.load_rows(tasks, repo_root))
+        try:
+            pairs = bench.load_rows(tasks, repo_root)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--repo-root") from exc
+        report["rows"] = bench.bench_rows(pairs)
     if synthetic:
         unknown = sorted(set(synthetic) - set(bench.SYNTHETIC_VERSIONS))
         if unknown:

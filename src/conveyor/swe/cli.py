@@ -35,6 +35,12 @@ def build(
     max_pairs: Annotated[int, typer.Option(help="Consecutive release pairs to try.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of the mutant order.")] = 0,
     workers: Annotated[int, typer.Option(help="Mutants evaluated at once.")] = 2,
+    max_kind_share: Annotated[
+        float, typer.Option(help="Largest share of tasks of one mutation kind (1: no cap).")
+    ] = 0.3,
+    max_trials: Annotated[
+        int | None, typer.Option(help="Mutants to try at most (default: 8 per task, 40 or more).")
+    ] = None,
     hide_tests: Annotated[
         bool, typer.Option(help="Remove the FAIL_TO_PASS test files from the starting state.")
     ] = True,
@@ -57,6 +63,8 @@ def build(
                 seed=seed,
                 workers=workers,
                 hide_tests=hide_tests,
+                max_trials=max_trials,
+                max_kind_share=max_kind_share,
                 report=report,
                 say=typer.echo,
             )

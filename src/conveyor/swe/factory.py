@@ -22,20 +22,31 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import PYPI_PREFIX, RowEnvironment, SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
     project_source,
+    safe_name,
     swe_home,
     test_environment,
 )
-from conveyor.swe.grading import GRADE_DIR, GradingOptions, TestRun, grade, run_tests
+from conveyor.swe.grading import (
+    GRADE_DIR,
+    GradingOptions,
+    TestRun,
+    grade,
+    make_test_runtime,
+    run_tests,
+    test_env_vars,
+)
 from conveyor.swe.mutations import Mutation, mutations_of_file, pick
 from conveyor.swe.patches import file_diff
 from conveyor.swe.projects import BuildReport, ProjectLayout, ProjectSpec, detect_layout
@@ -45,6 +56,9 @@ log = logging.getLogger(__name__)
 ASSERTION_TYPES = frozenset({"AssertionError", "Failed"})
 NOT_A_BEHAVIOUR = frozenset({"ImportError", "ModuleNotFoundError", "SyntaxError", "NameError"})
 MUTANT_TEST_TIMEOUT_S = 10.0
+DEFAULT_MAX_KIND_SHARE = 0.3
+SLOW_TEST_S = 1.0
+TEST_BUDGET_S = 8.0
 _MESSAGE_CHARS = 300
 _STATEMENT_TESTS = 6
 
@@ -56,6 +70,7 @@ class Baseline:
     passed: list[str]
     covered: dict[str, set[int]] = field(default_factory=dict)
     seconds: float = 0.0
+    slow: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -107,9 +122,48 @@ def _ignored(nodeid: str, spec: ProjectSpec) -> bool:
     )
 
 
-async def measure_baseline(ctx: ProjectContext) -> Baseline:
-    """Run the suite under coverage, then again plainly; keep tests passing both times."""
+async def measure_baseline(
+    ctx: ProjectContext, slow_test_s: float = SLOW_TEST_S, budget_s: float = TEST_BUDGET_S
+) -> Baseline:
+    """Run the suite under coverage, then again plainly; keep tests passing both times, taking
+    at most `slow_test_s` each and, slowest left out first, `budget_s` together (every mutant
+    and every grade runs the baseline: slow tests would dominate the factory's time).
+
+    The two runs are cached per project, version, test venv and test paths (`baselines/`)."""
+    suite = await _suite_runs(ctx)
+    both = set(suite["first_passed"]) & set(suite["second_passed"])
+    durations: dict[str, float] = suite["durations"]
+    slow = _slow_tests(both, durations, slow_test_s, budget_s)
+    passed = sorted(t for t in both - slow if not _ignored(t, ctx.spec))
+    if not passed:
+        raise RuntimeError(
+            f"no test of {ctx.name} {ctx.version} passes in the sandbox; log:\n{suite['log_tail']}"
+        )
+    covered = {path: set(lines) for path, lines in suite["covered"].items()}
+    return Baseline(passed=passed, covered=covered, seconds=suite["seconds"], slow=sorted(slow))
+
+
+def _slow_tests(
+    tests: set[str], durations: dict[str, float], slow_test_s: float, budget_s: float
+) -> set[str]:
+    slow = {t for t in tests if durations.get(t, 0.0) > slow_test_s}
+    rest = sorted(tests - slow, key=lambda t: (-durations.get(t, 0.0), t))
+    total = sum(durations.get(t, 0.0) for t in rest)
+    for test in rest:
+        if total <= budget_s:
+            break
+        slow.add(test)
+        total -= durations.get(test, 0.0)
+    return slow
+
+
+async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
     paths = list(ctx.spec.test_paths) or None
+    key = hashlib.sha256(json.dumps([ctx.env.path.name, paths]).encode()).hexdigest()[:10]
+    cache = swe_home() / "baselines" / f"{safe_name(ctx.name)}-{safe_name(ctx.version)}-{key}.json"
+    if cache.exists():
+        cached: dict[str, Any] = json.loads(cache.read_text())
+        return cached
     with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
         (ws.path / GRADE_DIR).mkdir(exist_ok=True)
         rc = f"/workspace/{GRADE_DIR}/coveragerc"
@@ -121,8 +175,6 @@ async def measure_baseline(ctx: ProjectContext) -> Baseline:
             ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, test_cmd=cmd
         )
         report = f"/workspace/{GRADE_DIR}/coverage.json"
-        from conveyor.swe.grading import make_test_runtime, test_env_vars
-
         runtime = make_test_runtime(ws.path, ctx.env)
         runtime.extra_env.update(test_env_vars(ctx.env, "/workspace", ctx.layout.pythonpath))
         await runtime.start()
@@ -135,12 +187,18 @@ async def measure_baseline(ctx: ProjectContext) -> Baseline:
         covered = _read_coverage(ws.path / GRADE_DIR / "coverage.json", ctx)
     with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
         second = await run_tests(ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath)
-    passed = sorted(t for t in first.passed() & second.passed() if not _ignored(t, ctx.spec))
-    if not passed:
-        raise RuntimeError(
-            f"no test of {ctx.name} {ctx.version} passes in the sandbox; log:\n{second.log_tail}"
-        )
-    return Baseline(passed=passed, covered=covered, seconds=second.seconds)
+    suite = {
+        "first_passed": sorted(first.passed()),
+        "second_passed": sorted(second.passed()),
+        "durations": {n: o.duration for n, o in second.outcomes.items()},
+        "covered": {path: sorted(lines) for path, lines in covered.items()},
+        "seconds": second.seconds,
+        "log_tail": second.log_tail,
+    }
+    if suite["second_passed"] and not first.timed_out and not second.timed_out:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(suite))
+    return suite
 
 
 def _read_coverage(path: Path, ctx: ProjectContext) -> dict[str, set[int]]:
@@ -255,9 +313,13 @@ def mutation_row(
     )
 
 
-async def verify_row(row: SweRow, report: BuildReport | None = None) -> str | None:
+async def verify_row(
+    row: SweRow,
+    report: BuildReport | None = None,
+    per_test_timeout_s: float = MUTANT_TEST_TIMEOUT_S,
+) -> str | None:
     """Grade gold and empty from scratch; None if gold resolves and empty does not, else why."""
-    options = GradingOptions(per_test_timeout_s=MUTANT_TEST_TIMEOUT_S, run_timeout_s=600)
+    options = GradingOptions(per_test_timeout_s=per_test_timeout_s, run_timeout_s=600)
     gold = await grade(row, row.patch, options)
     empty = await grade(row, "", options)
     if report is not None:
@@ -269,6 +331,13 @@ async def verify_row(row: SweRow, report: BuildReport | None = None) -> str | No
     return None
 
 
+def kind_cap(count: int, max_kind_share: float | None) -> int:
+    """The most kept tasks of one mutation kind among `count` (no cap: `count`)."""
+    if max_kind_share is None or max_kind_share >= 1:
+        return count
+    return max(1, math.ceil(count * max_kind_share))
+
+
 async def build_mutation_tasks(
     ctx: ProjectContext,
     count: int,
@@ -277,32 +346,44 @@ async def build_mutation_tasks(
     workers: int = 2,
     hide_tests: bool = True,
     max_trials: int | None = None,
+    max_kind_share: float | None = DEFAULT_MAX_KIND_SHARE,
     report: BuildReport | None = None,
     say: Callable[[str], None] = log.info,
 ) -> list[SweRow]:
-    """Up to `count` verified mutation tasks of one project."""
+    """Up to `count` verified mutation tasks of one project, at most `max_kind_share` of them
+    of one mutation kind (candidates of a kind that reached its cap are passed over)."""
     report = report or BuildReport(ctx.name, ctx.version)
     baseline = await measure_baseline(ctx)
     report.baseline_tests, report.baseline_seconds = len(baseline.passed), baseline.seconds
+    report.slow_tests = len(baseline.slow)
     candidates = candidate_mutations(ctx, baseline, seed)
     report.candidates = len(candidates)
     say(
         f"{ctx.name} {ctx.version}: {len(baseline.passed)} baseline tests "
-        f"({baseline.seconds:.1f} s), {len(candidates)} candidate mutants"
+        f"({baseline.seconds:.1f} s; {len(baseline.slow)} slow tests left out), "
+        f"{len(candidates)} candidate mutants"
     )
     limit = max_trials if max_trials is not None else max(count * 8, 40)
-    queue = iter(candidates[:limit])
+    cap = kind_cap(count, max_kind_share)
+    queue = iter(candidates)
     rows: list[SweRow] = []
+    kept_kinds: dict[str, int] = {}
     signatures: set[str] = set()
     lock = asyncio.Lock()
+
+    def next_mutant() -> Mutation | None:
+        for mutant in queue:
+            if kept_kinds.get(mutant.kind, 0) < cap:
+                return mutant
+        return None
 
     async def worker() -> None:
         while len(rows) < count:
             async with lock:
-                mutant = next(queue, None)
-            if mutant is None:
-                return
-            report.tried += 1
+                mutant = next_mutant() if report.tried < limit else None
+                if mutant is None:
+                    return
+                report.tried += 1
             verdict = await evaluate_mutant(ctx, baseline, mutant)
             if not verdict.keep:
                 report.reject(verdict.reason)
@@ -317,8 +398,12 @@ async def build_mutation_tasks(
             if problem is not None:
                 report.reject(problem)
                 continue
+            if kept_kinds.get(mutant.kind, 0) >= cap:
+                report.reject("kind_cap")
+                continue
             if len(rows) < count:
                 rows.append(row)
+                kept_kinds[mutant.kind] = kept_kinds.get(mutant.kind, 0) + 1
                 report.kept += 1
                 report.kinds[mutant.kind] = report.kinds.get(mutant.kind, 0) + 1
                 say(

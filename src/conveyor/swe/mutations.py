@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import random
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,35 @@ class _Source:
         return not before.strip() and (not after or after.startswith("#"))
 
 
+class _Segment:
+    """A function's own lines, parsed alone (dedented): a mutant, which only edits lines of one
+    function, is checked by re-parsing those lines instead of the whole (maybe huge) file."""
+
+    def __init__(self, source: _Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+        self.first, self.last = first, function.end_lineno or function.lineno
+        self.total = len(source.lines)
+        self.dump = self._dump("".join(source.lines[first - 1 : self.last]))
+
+    @staticmethod
+    def _dump(text: str) -> str | None:
+        try:
+            return ast.dump(parse_source(textwrap.dedent(text)))
+        except SyntaxError:
+            return None
+
+    def changed(self, mutated: str) -> bool | None:
+        """Whether the mutant's AST differs (False: it does not parse), None: cannot tell."""
+        if self.dump is None:
+            return None
+        lines = mutated.splitlines(keepends=True)
+        last = self.last - (self.total - len(lines))
+        dump = self._dump("".join(lines[self.first - 1 : last]))
+        if dump is None:
+            return None
+        return dump != self.dump
+
+
 def functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     """Every function and method with its dotted qualname (`Class.method`, `outer.inner`)."""
 
@@ -153,7 +183,13 @@ def mutations_of_file(path: str, text: str, covered: set[int] | None = None) -> 
     except SyntaxError:
         return []
     source = _Source(text)
-    baseline = ast.dump(tree)
+    dumped: list[str] = []
+
+    def baseline() -> str:
+        if not dumped:
+            dumped.append(ast.dump(tree))
+        return dumped[0]
+
     found: list[Mutation] = []
     seen: set[str] = set()
 
@@ -161,13 +197,17 @@ def mutations_of_file(path: str, text: str, covered: set[int] | None = None) -> 
         return covered is None or line in covered
 
     for qualname, function in functions(tree):
+        segment = _Segment(source, function)
         for kind, node, mutated, what in _candidates(function, source, on):
             if mutated is None or mutated in seen:
                 continue
-            try:
-                if ast.dump(parse_source(mutated)) == baseline:
-                    continue
-            except SyntaxError:
+            changed = segment.changed(mutated)
+            if changed is None:  # the function alone does not parse: judge the whole file
+                try:
+                    changed = ast.dump(parse_source(mutated)) != baseline()
+                except SyntaxError:
+                    changed = False
+            if not changed:
                 continue
             seen.add(mutated)
             line = getattr(node, "lineno", function.lineno)
@@ -281,9 +321,19 @@ def _statement_mutants(node: ast.stmt, source: _Source) -> Iterator[tuple[str, a
 
 
 def pick(mutations: list[Mutation], seed: int) -> list[Mutation]:
-    """Mutants in trial order: shuffled, then round-robin over functions so that early picks
-    spread over many functions and kinds."""
+    """Mutants in trial order: shuffled, then round-robin over kinds and, within a kind,
+    round-robin over functions, so that early picks spread over every kind (the common ones,
+    `drop_assignment` and `drop_condition`, do not crowd out the rare ones) and many functions."""
     rng = random.Random(seed)
+    by_kind: dict[str, list[Mutation]] = {}
+    for mutation in mutations:
+        by_kind.setdefault(mutation.kind, []).append(mutation)
+    kinds = [_spread_over_functions(by_kind[kind], rng) for kind in sorted(by_kind)]
+    rng.shuffle(kinds)
+    return _round_robin(kinds)
+
+
+def _spread_over_functions(mutations: list[Mutation], rng: random.Random) -> list[Mutation]:
     by_function: dict[tuple[str, str], list[Mutation]] = {}
     for mutation in mutations:
         by_function.setdefault((mutation.path, mutation.function), []).append(mutation)
@@ -291,9 +341,14 @@ def pick(mutations: list[Mutation], seed: int) -> list[Mutation]:
     for queue in queues:
         rng.shuffle(queue)
     rng.shuffle(queues)
+    return _round_robin(queues)
+
+
+def _round_robin(queues: list[list[Mutation]]) -> list[Mutation]:
     ordered: list[Mutation] = []
-    while queues:
-        for queue in queues:
+    heads = [list(reversed(q)) for q in queues]
+    while heads:
+        for queue in heads:
             ordered.append(queue.pop())
-        queues = [q for q in queues if q]
+        heads = [q for q in heads if q]
     return ordered

@@ -94,6 +94,7 @@ class BuildReport:
     kinds: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     baseline_tests: int = 0
+    slow_tests: int = 0
     baseline_seconds: float = 0.0
     grade_seconds: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -116,6 +117,7 @@ class BuildReport:
             "kinds": dict(sorted(self.kinds.items())),
             "rejected": dict(sorted(self.rejected.items())),
             "baseline_tests": self.baseline_tests,
+            "slow_tests_left_out": self.slow_tests,
             "baseline_seconds": round(self.baseline_seconds, 2),
             "grade_seconds_median": round(grades[len(grades) // 2], 2) if grades else None,
             "seconds": round(time.monotonic() - self.started, 1),
