@@ -87,6 +87,68 @@ def test_auto_cuts_the_run_pool_when_the_kv_cache_thrashes_and_never_regrows() -
     assert run_virtual(scenario()) == [96, 106, 106, 75, 75, 75, 45]
 
 
+class _KvEngine(_Engine):
+    """Also the KV cache's size and the tokens running requests hold (vLLM: kv_cache_usage)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.kv_capacity_tokens = capacity
+        self.kv_used_tokens = 0
+
+
+def test_auto_projects_the_kv_working_set_of_every_run_in_flight() -> None:
+    async def scenario() -> list[float | None]:
+        auto = _auto(_KvEngine(1_000_000))
+        no_reading = _auto(_Engine())
+        return [
+            # 50 requests generating hold 250k tokens; 100 runs in flight (half in tool calls,
+            # their contexts cached for the next turn): 100 x 5k = half the cache
+            auto._kv_load(250_000.0, 50.0, 100.0),
+            auto._kv_load(0.0, 0.0, 100.0),  # nothing generating: no reading
+            no_reading._kv_load(250_000.0, 50.0, 100.0),  # the engine has no KV counters
+        ]
+
+    assert run_virtual(scenario()) == [0.5, None, None]
+
+
+def test_auto_sizes_the_run_pool_by_the_kv_working_set_and_learns_the_thrash_point() -> None:
+    async def scenario() -> list[int]:
+        auto = _auto(_KvEngine(1_000_000), r=256)
+        pool = auto.pools[Stage.RUN]
+        limits = [pool.limit]  # p_run = 96
+        auto._size_run_stage(2000.0, 80.0, busy=96.0, kv_load=0.4)  # a new best: recorded
+        # no run has finished yet, but the working set leaves room: it grows from the start
+        auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
+        limits.append(pool.limit)
+        # growth would take the projection past the target (0.75): it stops
+        auto._size_run_stage(1990.0, 80.0, busy=106.0, kv_load=0.7)
+        limits.append(pool.limit)
+        # contexts grew: above the high mark (0.85) it shrinks to the target's share of runs
+        auto._size_run_stage(1990.0, 80.0, busy=106.0, kv_load=0.9)
+        limits.append(pool.limit)  # floor(106 * 0.75 / 0.9) = 88
+        # a thrash at a working set of 0.8: high mark 0.76, target 0.66, pool 0.9 of the runs
+        auto._size_run_stage(1000.0, 80.0, busy=88.0, thrashing=True, kv_load=0.8)
+        limits.append(pool.limit)  # floor(0.9 * 88) = 79
+        # no permanent run ceiling: it regrows while the (learned) target allows it
+        auto._size_run_stage(1900.0, 60.0, busy=79.0, kv_load=0.5)
+        limits.append(pool.limit)
+        auto._size_run_stage(1900.0, 60.0, busy=87.0, kv_load=0.62)  # 0.68 > 0.66: stays
+        limits.append(pool.limit)
+        auto._size_run_stage(1900.0, 60.0, busy=87.0, kv_load=0.78)  # above 0.76: shrinks
+        limits.append(pool.limit)
+        return limits
+
+    assert run_virtual(scenario()) == [96, 106, 106, 88, 79, 87, 87, 73]
+
+
+def test_sim_engine_reports_its_kv_cache() -> None:
+    from conveyor.bench.sim_engine import SimEngine
+
+    engine = SimEngine(TIGHT, occupancy_reference=8.0)
+    assert engine.kv_capacity_tokens == TIGHT.kv_capacity_tokens * TIGHT.engine_replicas
+    assert engine.kv_used_tokens == 0
+
+
 def test_auto_ignores_prefill_noise_of_small_periods_and_first_turns() -> None:
     async def scenario() -> list[tuple[bool, bool]]:
         auto = _auto(_Engine())
@@ -122,6 +184,6 @@ def test_auto_at_r_256_avoids_the_thrash_of_an_unguarded_run_pool() -> None:
     workload = SweSimWorkload(max_live_runtimes=256)
 
     result = simulate(workload, "auto", {}, 1)
-    assert result["makespan_s"] < 1450  # 1329 s now
+    assert result["makespan_s"] < 1450  # 1263 s now (KV working-set rule)
     assert sum(result["statuses"].values()) == workload.trajectories
     assert result["peak_live_runtimes"] <= 256

@@ -191,6 +191,17 @@ class SimEngine:
         self._replicas = [_Replica(self) for _ in range(workload.engine_replicas)]
         self._tasks: list[asyncio.Task[None]] = []
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV-cache tokens over all replicas (vLLM: num_gpu_blocks * block_size per engine)."""
+        return self.workload.kv_capacity_tokens * len(self._replicas)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """KV-cache tokens held by running requests now, over all replicas (vLLM's
+        `kv_cache_usage_perc` x capacity: cached prefixes of idle sessions are not counted)."""
+        return sum(replica.kv_used for replica in self._replicas)
+
     def start(self) -> None:
         """Start the replicas' schedulers on the running loop."""
         loop = asyncio.get_running_loop()

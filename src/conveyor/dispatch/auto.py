@@ -19,16 +19,19 @@ Every control period (half the median init latency seen so far, between 1 s and 
   on swe-sim (R = 256), prefill tokens per generated token jump from ~2 to ~20 and throughput
   halves for hundreds of seconds, because the runs that caused it keep their contexts until
   they end, and the first wave of runs grows its contexts in step. So the pool starts at the
-  config's `p_run` (not at R) and grows by a tenth per period only while it is full, at least
-  half its width of runs has finished (the first wave's contexts have grown) and the engine is
-  calm (prefill per generated token within 1.5x its lowest value). If more requests in flight
-  bring no more throughput than the best point seen, it is cut back to that point's
-  concurrency. KV-cache guard, when the engine exposes `prefill_tokens` and/or `preemptions`
-  (vLLM: prefix-cache hit rate, `num_preemptions`): a period with a new preemption, or with
-  prefill per generated token above 3x its lowest value and above 8 (more than even a period
-  of first turns prefills; judged on periods of 20k+ generated tokens), cuts the pool to 3/4 of
-  the runs in flight (not again until the runs in flight have come down to the cut), and that
-  becomes a ceiling the pool never grows past again.
+  config's `p_run` (not at R). Where the engine reports its KV cache (`kv_capacity_tokens`,
+  `kv_used_tokens`: vLLM's cache size and `kv_cache_usage`), the pool is sized by the projected
+  working set = mean context of a running request x runs in flight (a run in a tool call keeps
+  its context cached for its next turn), as a fraction of the cache: it grows by a tenth per
+  period while full, calm and the grown projection stays below 0.75, and shrinks to the 0.75
+  share of its runs when the projection passes 0.85 (contexts grow as runs age). A thrash (a
+  new preemption, or prefill per generated token above 3x its lowest value and above 8; judged
+  on periods of 20k+ generated tokens) at working set L cuts the pool to 0.9 of the runs in
+  flight and lowers the marks to 0.95 L and 0.95 L - 0.1: the limit is learnt in working-set
+  terms, not as a run count, so the pool regrows when contexts are short. Without a KV reading
+  it grows only once half its width of runs has finished, and a thrash cuts it to 3/4 of the
+  runs in flight and makes that a ceiling for good. If more requests in flight bring no more
+  throughput than the best point seen, it is cut back to that point's concurrency.
 
 It never exceeds R and never drops a pool below 1; the CPU pools start at the config's
 `p_init`/`p_reward`, the run pool at `p_run`.
@@ -58,6 +61,13 @@ _THRASH_PREFILL_RATIO = 3.0  # x the lowest ratio seen, and at least:
 # only a ratio above any mix of first and later turns means cached prefixes are re-prefilled
 _THRASH_PREFILL_MIN = 8.0
 _CALM_PREFILL_RATIO = 1.5  # the run pool grows only while prefill stays near its floor
+_RUN_GROWTH = 1.1  # run pool growth per calm, full period
+_RUN_CUT = 0.75  # a KV thrash cuts the run pool to this fraction of the runs in flight
+_WARM_FRACTION = 0.5  # without a KV reading: grow only once half the pool's width of runs ended
+_KV_HIGH = 0.85  # projected KV working set (fraction of the cache) above which the pool shrinks
+_KV_TARGET = 0.75  # ... to this; and it grows only while growth keeps the projection below it
+_KV_LEARN = 0.95  # a thrash at working set L lowers the high mark to 0.95 L (target 0.95 L - 0.1)
+_KV_CUT = 0.9  # ... and, with a working-set reading, cuts the pool to 0.9 of the runs in flight
 
 
 def _delta(now: int | None, before: int | None) -> int | None:
@@ -84,6 +94,8 @@ class AutoDispatcher(PipelineDispatcher):
         self._completed: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._best: tuple[float, float] = (0.0, 0.0)  # (throughput, engine in flight) at best
         self._run_ceiling = settings.max_live_runtimes
+        self._kv_high = _KV_HIGH
+        self._kv_target = _KV_TARGET
         self._cpu_served: deque[float] = deque(maxlen=_CAPACITY_PERIODS)
         self._prefill_floor = math.inf  # lowest prefill tokens per generated token seen
         self.decisions: list[dict[str, float]] = []
@@ -116,6 +128,7 @@ class AutoDispatcher(PipelineDispatcher):
             in_stage = dict.fromkeys(Stage, 0.0)
             full = dict.fromkeys(Stage, 0.0)
             in_flight = 0.0
+            kv_used = 0.0
             for _ in range(sub_steps):  # average occupancies over the period
                 await asyncio.sleep(period / sub_steps)
                 for stage in Stage:
@@ -123,6 +136,7 @@ class AutoDispatcher(PipelineDispatcher):
                     pool = self.pools[stage]
                     full[stage] += (pool.in_use >= pool.limit) / sub_steps
                 in_flight += (self.engine.in_flight if self.engine is not None else 0) / sub_steps
+                kv_used += (self._engine_counter("kv_used_tokens") or 0) / sub_steps
             done = {s: self._completed[s] - completed[s] for s in Stage}
             latencies = self._period_latencies
             self._period_latencies = {s: [] for s in Stage}
@@ -139,7 +153,10 @@ class AutoDispatcher(PipelineDispatcher):
                 _delta(self._engine_counter("prefill_tokens"), prefill),
                 _delta(self._engine_counter("preemptions"), preempted),
             )
-            self._size_run_stage(produced / period, in_flight, in_stage[Stage.RUN], thrashing, calm)
+            kv_load = self._kv_load(kv_used, in_flight, in_stage[Stage.RUN])
+            self._size_run_stage(
+                produced / period, in_flight, in_stage[Stage.RUN], thrashing, calm, kv_load
+            )
 
     def _engine_tokens(self) -> int | None:
         return self._engine_counter("generated_tokens")
@@ -147,6 +164,17 @@ class AutoDispatcher(PipelineDispatcher):
     def _engine_counter(self, name: str) -> int | None:
         value = getattr(self.engine, name, None)
         return value if isinstance(value, int) else None
+
+    def _kv_load(self, kv_used: float, in_flight: float, runs: float) -> float | None:
+        """The KV working set of every run in flight as a fraction of the cache, or None.
+
+        The engine counts only running requests; a run in a tool call keeps its context as a
+        cached prefix that its next turn needs, so the working set is the mean context of a
+        running request times the runs in flight."""
+        capacity = self._engine_counter("kv_capacity_tokens")
+        if not capacity or in_flight < 1 or kv_used <= 0:
+            return None
+        return kv_used / in_flight * runs / capacity
 
     def _kv_state(
         self, generated: int | None, prefilled: int | None, preempted: int | None
@@ -204,19 +232,36 @@ class AutoDispatcher(PipelineDispatcher):
         busy: float,
         thrashing: bool = False,
         calm: bool = True,
+        kv_load: float | None = None,
     ) -> None:
         pool = self.pools[Stage.RUN]
         best_throughput, best_in_flight = self._best
         if thrashing:
             if busy < pool.limit + 0.5:  # else the last cut has not taken effect yet
-                self._run_ceiling = max(1, min(pool.limit, math.floor(0.75 * busy)))
-                pool.set_limit(self._run_ceiling)
+                if kv_load is None:  # no working-set reading: a run-count ceiling for good
+                    self._run_ceiling = max(1, min(pool.limit, math.floor(_RUN_CUT * busy)))
+                    pool.set_limit(self._run_ceiling)
+                else:  # learn where this engine thrashes, in working-set terms
+                    self._kv_high = min(self._kv_high, _KV_LEARN * kv_load)
+                    self._kv_target = min(self._kv_target, self._kv_high - 0.1)
+                    pool.set_limit(min(pool.limit, max(1, math.floor(_KV_CUT * busy))))
         elif throughput > best_throughput:
             self._best = (throughput, in_flight)
         elif in_flight > 1.25 * best_in_flight > 0 and throughput < 1.02 * best_throughput:
             pool.set_limit(max(1, math.ceil(busy * best_in_flight / in_flight)))
-        elif busy >= pool.limit - 1 and 2 * self._completed[Stage.RUN] >= pool.limit and calm:
-            pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * 1.1)))
+        elif kv_load is not None and kv_load > self._kv_high:
+            target = math.floor(busy * self._kv_target / kv_load)
+            pool.set_limit(min(pool.limit, max(1, target)))
+        elif (
+            busy >= pool.limit - 1
+            and calm
+            and (
+                kv_load * _RUN_GROWTH < self._kv_target
+                if kv_load is not None  # the working set says how far the pool may grow
+                else self._completed[Stage.RUN] >= _WARM_FRACTION * pool.limit
+            )
+        ):
+            pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * _RUN_GROWTH)))
         self._log(Stage.RUN, pool.limit, throughput, busy)
 
     def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:
