@@ -381,7 +381,11 @@ class TorchTrainingEngine:
             return token_logprobs(logits, input_ids, temperature=self.settings.temperature)
         targets = loss_mask[:, 1:].any(dim=0).nonzero().flatten() + 1
         if targets.numel() == 0:
-            targets = torch.ones(1, dtype=torch.long, device=input_ids.device)
+            # Nothing trains here (an all-masked sample, or FSDP's empty filler micro-batch):
+            # zeros that stay on the graph, so the backward every rank runs is well-formed.
+            with autocast:
+                logits = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
+            return torch.zeros(input_ids.shape, device=logits.device) + 0.0 * logits.float().sum()
         with autocast:
             logits = self.model(
                 input_ids=input_ids, use_cache=False, logits_to_keep=targets - 1
