@@ -421,15 +421,10 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, *, temperature: float = 1.
             f"logits {tuple(logits.shape)} must be [B, T, V] for input_ids "
             f"{tuple(input_ids.shape)} [B, T]"
         )
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature != 1.0:
-        logits = logits / temperature
     targets = nn.functional.pad(input_ids[:, 1:], (0, 1), value=-100)
-    nll = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-    )
+    nll = _nll(logits, targets, temperature)
     # position t holds the logprob of token t, predicted at t - 1; position 0 has none
-    return nn.functional.pad(-nll.view(input_ids.shape)[:, :-1], (1, 0), value=0.0)
+    return nn.functional.pad(-nll[:, :-1], (1, 0), value=0.0)
 
 
 def kept_token_logprobs(
@@ -446,15 +441,21 @@ def kept_token_logprobs(
             f"logits {tuple(logits.shape)} must be [B, K, V] for input_ids "
             f"{tuple(input_ids.shape)} and {targets.numel()} kept positions"
         )
+    nll = _nll(logits, input_ids[:, targets], temperature)
+    full = torch.zeros(input_ids.shape, dtype=nll.dtype, device=nll.device)
+    return full.index_copy(1, targets, -nll)
+
+
+def _nll(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """-log softmax(logits / temperature) at `targets` ([B, K, V] x [B, K] -> [B, K]), in at
+    least float32, by the fused cross-entropy kernel (target -100: 0.0)."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         logits = logits / temperature
-    chosen = input_ids[:, targets]
     nll = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), chosen.reshape(-1), reduction="none"
-    ).view(chosen.shape)
-    full = torch.zeros(input_ids.shape, dtype=nll.dtype, device=nll.device)
-    return full.index_copy(1, targets, -nll)
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    )
+    return nll.view(targets.shape)
 
 
 def _micro_weight(reduction: str, micro: MicroBatch, counts: Sequence[int]) -> float:
