@@ -375,24 +375,19 @@ class TorchTrainingEngine:
             if self._autocast_dtype is not None
             else contextlib.nullcontext()
         )
-        if loss_mask is None:
-            with autocast:
-                logits = self.model(input_ids=input_ids, use_cache=False).logits
-            return token_logprobs(logits, input_ids, temperature=self.settings.temperature)
-        targets = loss_mask[:, 1:].any(dim=0).nonzero().flatten() + 1
-        if targets.numel() == 0:
-            # Nothing trains here (an all-masked sample, or FSDP's empty filler micro-batch):
-            # zeros that stay on the graph, so the backward every rank runs is well-formed.
-            with autocast:
-                logits = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
-            return torch.zeros(input_ids.shape, device=logits.device) + 0.0 * logits.float().sum()
+        targets = None if loss_mask is None else loss_mask[:, 1:].any(dim=0).nonzero().flatten() + 1
+        # logits_to_keep=0 keeps every position; 1 keeps one, for a micro-batch where nothing
+        # trains (an all-masked sample, or FSDP's empty filler micro-batch)
+        keep: int | Tensor = 0 if targets is None else (targets - 1 if targets.numel() else 1)
         with autocast:
-            logits = self.model(
-                input_ids=input_ids, use_cache=False, logits_to_keep=targets - 1
-            ).logits
-        return kept_token_logprobs(
-            logits, input_ids, targets, temperature=self.settings.temperature
-        )
+            logits = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
+        temperature = self.settings.temperature
+        if targets is None:
+            return token_logprobs(logits, input_ids, temperature=temperature)
+        if targets.numel() == 0:
+            # zeros that stay on the graph, so the backward every rank runs is well-formed
+            return torch.zeros(input_ids.shape, device=logits.device) + 0.0 * logits.float().sum()
+        return kept_token_logprobs(logits, input_ids, targets, temperature=temperature)
 
     def _clip_gradients(self) -> float:
         max_norm = self.settings.max_grad_norm
