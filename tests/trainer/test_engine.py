@@ -84,7 +84,10 @@ def test_token_logprobs_equal_sequence_logprobs(temperature: float, dtype: torch
     weights = torch.randn(3, 9, dtype=got.dtype)
     (grad_expected,) = torch.autograd.grad((expected * weights).sum(), logits)
     (grad_got,) = torch.autograd.grad((got * weights).sum(), logits)
-    torch.testing.assert_close(grad_got, grad_expected, atol=1e-5, rtol=1e-5)
+    # bf16 keeps 8 mantissa bits: the two computations may round one gradient element a unit in
+    # the last place apart (seen on a fresh CI venv: 3e-5 absolute, 0.7% relative, 1 of 1350)
+    tolerance = 1e-2 if dtype is torch.bfloat16 else 1e-5
+    torch.testing.assert_close(grad_got, grad_expected, atol=1e-5, rtol=tolerance)
 
 
 def test_kept_token_logprobs_equal_full_ones_at_kept_positions_only() -> None:
