@@ -187,3 +187,33 @@ def test_auto_at_r_256_avoids_the_thrash_of_an_unguarded_run_pool() -> None:
     assert result["makespan_s"] < 1450  # 1263 s now (KV working-set rule)
     assert sum(result["statuses"].values()) == workload.trajectories
     assert result["peak_live_runtimes"] <= 256
+
+
+def test_tuning_never_picks_a_grid_point_that_wins_by_failing_rollouts(monkeypatch) -> None:
+    """Seen on the CPU x4 / R = 512 corner: bounded_batch at P = 512 flooded the 32 CPU slots,
+    200 of 512 inits overran their budget (infra_error, never run) and its makespan came out
+    the shortest of its grid. A point whose rollouts fail must rank after every clean one."""
+    from conveyor.bench import dispatch as bench
+
+    small = TIGHT.model_copy(update={"tasks": 4})
+    grid = [{"max_parallel": 16, "init_timeout_s": 1.0}, {"max_parallel": 8}]
+    monkeypatch.setitem(bench.GRIDS, "bounded_batch", ("test", lambda r: grid))
+    runner = bench._Runner(1)
+    point = bench.bench_point(small, [0], ["bounded_batch"], runner, with_defaults=False)
+    failing = simulate(small, "bounded_batch", grid[0], 0)
+    assert failing["statuses"].get("infra_error", 0) > 0  # the trap is real ...
+    chosen = point["strategies"]["bounded_batch"]
+    assert failing["makespan_s"] < chosen["makespan_s"]  # ... and shorter
+    assert chosen["best_knobs"] == grid[1]
+    assert bench.statuses_ok(chosen)
+
+
+def test_runtime_engine_bound_charges_the_first_turn_to_no_runtime() -> None:
+    """The first turn needs only the prompt, so a schedule may generate it before the sandbox
+    exists: with one-turn rollouts and one runtime, the runtime side of the coupled term holds
+    init and reward only (the issue's runtimes term still counts the generation)."""
+    one_turn = TIGHT.model_copy(update={"turns_min": 1, "turns_max": 1, "max_live_runtimes": 1})
+    bound = makespan_bound(one_turn, 0)
+    init_and_reward_s = bound.cpu_s * one_turn.cpu_slots
+    assert abs(bound.runtime_engine_s - init_and_reward_s) < 1e-6 * init_and_reward_s
+    assert bound.runtimes_s > bound.runtime_engine_s

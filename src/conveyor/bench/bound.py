@@ -29,6 +29,11 @@ where K = init + reward + tool seconds + base * tokens + prefill seconds. Minimi
 sum 1/b_t under sum gamma_t b_t <= B gives (sum_t sqrt(gamma_t))^2 / B, so
 (replicas * T - W) * (R * T - K) >= base * G^2 with G = sum_t sqrt(gamma_t); T is the larger
 root. The KV limit and b_t >= 1 are dropped, so it stays a lower bound.
+
+Only tokens generated after the rollout's first tool call are charged to its runtime (in K and
+G): the first turn needs nothing but the task's prompt, so a schedule could generate it before
+the sandbox exists (none of ours does). The bound therefore holds for that schedule too; every
+later turn reads a tool result, which needs the runtime.
 `tight_bound_s` = max(bound_s, runtime_engine_s); `bound_s` keeps the issue's definition.
 """
 
@@ -113,6 +118,8 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
     cpu = 0.0
     fixed = 0.0  # init + reward + tool seconds: runtime time that no batch size shortens
     sqrt_gamma = 0.0
+    held_tokens = 0  # tokens generated after the first tool call (the runtime must be alive)
+    held_prefill = 0
     lifetimes: list[float] = []
     for task in range(w.tasks):
         for sample in range(w.samples_per_task):
@@ -126,8 +133,11 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
                 ctx_sum = n * context + n * (n - 1) / 2
                 tokens += n
                 context_token_sum += ctx_sum
-                sqrt_gamma += _sqrt_gamma_sum(w, context, n)
                 prefill += new
+                if index > 0:
+                    sqrt_gamma += _sqrt_gamma_sum(w, context, n)
+                    held_tokens += n
+                    held_prefill += new
                 life += (
                     w.prefill_per_token_s * new
                     + n * (w.step_base_s + w.step_per_seq_s)
@@ -152,7 +162,7 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
     ) / w.engine_replicas
     prefill_s = prefill * w.prefill_per_token_s
     work = tokens * w.step_per_seq_s + context_token_sum * w.step_per_context_token_s + prefill_s
-    held = fixed + tokens * w.step_base_s + prefill_s
+    held = fixed + held_tokens * w.step_base_s + held_prefill * w.prefill_per_token_s
     mean_context = context_token_sum / max(1, tokens)
     best_batch = min(float(w.max_num_seqs), w.kv_capacity_tokens / max(1.0, mean_context))
     return MakespanBound(
