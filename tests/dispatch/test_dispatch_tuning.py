@@ -117,7 +117,16 @@ def test_auto_sizes_the_run_pool_by_the_kv_working_set_and_learns_the_thrash_poi
         pool = auto.pools[Stage.RUN]
         limits = [pool.limit]  # p_run = 96
         auto._size_run_stage(2000.0, 80.0, busy=96.0, kv_load=0.4)  # a new best: recorded
-        # no run has finished yet, but the working set leaves room: it grows from the start
+        # the working set leaves room, but no run has ended: young runs all grow their
+        # contexts in step, so the pool waits for a mixed-age reading
+        auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
+        limits.append(pool.limit)
+        # 3 runs ended that held 8k tokens over their lives: 96 x 8k = 0.77 of the cache
+        auto._run_contexts.extend([8000.0] * 3)
+        auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
+        limits.append(pool.limit)
+        # shorter ended runs (4k: 0.38 at 96 runs): it grows by a tenth
+        auto._run_contexts.extend([2000.0] * 6)
         auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
         limits.append(pool.limit)
         # growth would take the projection past the target (0.75): it stops
@@ -138,7 +147,27 @@ def test_auto_sizes_the_run_pool_by_the_kv_working_set_and_learns_the_thrash_poi
         limits.append(pool.limit)
         return limits
 
-    assert run_virtual(scenario()) == [96, 106, 106, 88, 79, 87, 87, 73]
+    assert run_virtual(scenario()) == [96, 96, 96, 106, 106, 88, 79, 87, 87, 73]
+
+
+def test_auto_reads_a_finished_runs_mean_context_from_turns_or_metrics() -> None:
+    from conveyor.dispatch.auto import _mean_context
+    from conveyor.types import Trajectory, Turn
+
+    def turn(prompt: int, completion: int) -> Turn:
+        ids = list(range(completion))
+        return Turn(
+            prompt_ids=list(range(prompt)),
+            completion_ids=ids,
+            completion_logprobs=[0.0] * completion,
+            loss_mask=[1] * completion,
+        )
+
+    agent = Trajectory(task_id="t", turns=[turn(100, 20), turn(300, 50)])
+    assert _mean_context(agent) == (100 + 350) / 2
+    sim = Trajectory(task_id="t", metrics={"prompt_tokens": 2500.0, "context_tokens": 9500.0})
+    assert _mean_context(sim) == 6000.0
+    assert _mean_context(Trajectory(task_id="t")) is None
 
 
 def test_sim_engine_reports_its_kv_cache() -> None:

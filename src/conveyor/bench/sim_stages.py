@@ -148,7 +148,10 @@ class SimEnvironment:
             status=Status.TRUNCATED if plan.truncated else Status.OK,
             stop_reason="context_length" if plan.truncated else "finish",
             counters={"tool_calls": len(plan.turns)},
-            metrics={"context_tokens": float(context)},
+            metrics={
+                "prompt_tokens": float(self.workload.prompt_tokens),
+                "context_tokens": float(context),
+            },
         )
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:

@@ -24,7 +24,13 @@ Every control period (half the median init latency seen so far, between 1 s and 
   working set = mean context of a running request x runs in flight (a run in a tool call keeps
   its context cached for its next turn), as a fraction of the cache: it grows by a tenth per
   period while full, calm and the grown projection stays below 0.75, and shrinks to the 0.75
-  share of its runs when the projection passes 0.85 (contexts grow as runs age). A thrash (a
+  share of its runs when the projection passes 0.85 (contexts grow as runs age). Growth also
+  needs the mixed-age working set below the mark: the mean context a finished run held over its
+  life, (first prompt + final context) / 2, times the runs in flight; so the pool does not grow
+  before 3 runs have ended. Without that, where inits are fast (CPU x0.25, R = 512 on swe-sim)
+  the first wave of runs, all young, read a small working set, the pool grew to 157 within
+  130 s, the contexts then grew in step past the cache, and the pool had to be cut to 105 while
+  throughput fell by a third (1312 s against the pipeline's best 1175 s). A thrash (a
   new preemption, or prefill per generated token above 3x its lowest value and above 8; judged
   on periods of 20k+ generated tokens) at working set L cuts the pool to 0.9 of the runs in
   flight and lowers the marks to 0.95 L and 0.95 L - 0.1: the limit is learnt in working-set
@@ -52,6 +58,7 @@ from conveyor.dispatch.pipeline import PipelineDispatcher
 from conveyor.dispatch.registry import register_strategy
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.types import Trajectory
 
 _HISTORY = 256
 _CAPACITY_PERIODS = 8  # CPU capacity = most CPU-stage jobs served in the last 8 periods
@@ -67,7 +74,22 @@ _WARM_FRACTION = 0.5  # without a KV reading: grow only once half the pool's wid
 _KV_HIGH = 0.85  # projected KV working set (fraction of the cache) above which the pool shrinks
 _KV_TARGET = 0.75  # ... to this; and it grows only while growth keeps the projection below it
 _KV_LEARN = 0.95  # a thrash at working set L lowers the high mark to 0.95 L (target 0.95 L - 0.1)
+_MIN_ENDED_RUNS = 3  # ended runs before the mixed-age working set counts, and growth with it
 _KV_CUT = 0.9  # ... and, with a working-set reading, cuts the pool to 0.9 of the runs in flight
+
+
+def _mean_context(trajectory: Trajectory) -> float | None:
+    """A finished run's context averaged over its life, (first prompt + final context) / 2:
+    what a run in flight holds in the KV cache on average, once runs of every age are mixed."""
+    if trajectory.turns:
+        first, last = trajectory.turns[0], trajectory.turns[-1]
+        final = len(last.prompt_ids) + len(last.completion_ids)
+        return (len(first.prompt_ids) + final) / 2
+    final_tokens = trajectory.metrics.get("context_tokens")
+    prompt_tokens = trajectory.metrics.get("prompt_tokens")
+    if final_tokens is None or prompt_tokens is None:
+        return None
+    return (prompt_tokens + final_tokens) / 2
 
 
 def _delta(now: int | None, before: int | None) -> int | None:
@@ -99,6 +121,7 @@ class AutoDispatcher(PipelineDispatcher):
         self._cpu_served: deque[float] = deque(maxlen=_CAPACITY_PERIODS)
         self._prefill_floor = math.inf  # lowest prefill tokens per generated token seen
         self.decisions: list[dict[str, float]] = []
+        self._run_contexts: deque[float] = deque(maxlen=_HISTORY)  # mean context of ended runs
 
     async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
         self._spawn(self._control())
@@ -112,6 +135,10 @@ class AutoDispatcher(PipelineDispatcher):
             self._completed[stage] += 1
             if stage is Stage.INIT:
                 self._init_latencies.append(end - start)
+            if stage is Stage.RUN and job.trajectory is not None:
+                life_mean = _mean_context(job.trajectory)
+                if life_mean is not None:
+                    self._run_contexts.append(life_mean)
 
     def _period(self) -> float:
         init = self._init_latencies
@@ -256,13 +283,26 @@ class AutoDispatcher(PipelineDispatcher):
             busy >= pool.limit - 1
             and calm
             and (
-                kv_load * _RUN_GROWTH < self._kv_target
+                self._kv_room(kv_load, busy)
                 if kv_load is not None  # the working set says how far the pool may grow
                 else self._completed[Stage.RUN] >= _WARM_FRACTION * pool.limit
             )
         ):
             pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * _RUN_GROWTH)))
         self._log(Stage.RUN, pool.limit, throughput, busy)
+
+    def _kv_room(self, kv_load: float, busy: float) -> bool:
+        """May the run pool grow by a tenth? The working set now must stay below the target,
+        and so must the one its runs will hold when they are of mixed ages (mean context of
+        ended runs x runs): young runs grow their contexts in step, so no growth before a few
+        runs have ended."""
+        if kv_load * _RUN_GROWTH >= self._kv_target:
+            return False
+        capacity = self._engine_counter("kv_capacity_tokens")
+        if len(self._run_contexts) < _MIN_ENDED_RUNS or not capacity:
+            return False
+        mature = statistics.fmean(self._run_contexts) * busy / capacity
+        return mature * _RUN_GROWTH < self._kv_target
 
     def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:
         self.decisions.append(
