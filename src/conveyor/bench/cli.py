@@ -70,6 +70,32 @@ def dispatch(
     print(text)
 
 
+@bench_app.command("dispatch-scale")
+def dispatch_scale(
+    trajectories: Annotated[int, typer.Option(min=8, help="simulated rollouts")] = 10_000,
+    strategies: Annotated[str, typer.Option(help="comma-separated strategies")] = "pipeline,auto",
+    json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
+) -> None:
+    """Wall time of the dispatcher on many simulated rollouts (virtual clock), against
+    bounded_batch in the same run; the last line printed is one JSON object."""
+    from conveyor.bench.dispatch import run_scale
+
+    names = tuple(name.strip() for name in strategies.split(",") if name.strip())
+    report = run_scale(trajectories, names)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if not json_out:
+        for name, s in report["strategies"].items():
+            print(
+                f"{name:<14} {report['trajectories']} rollouts in {s['wall_s']:6.1f}s wall "
+                f"(target < {report['target_wall_s']:.0f}s: {'met' if s['met'] else 'MISSED'}), "
+                f"all accounted: {s['accounted']}, statuses {s['statuses']}"
+            )
+    print(json.dumps(report))
+
+
 def _real(
     config: Path, overrides: list[str], strategies: str, json_out: bool, out: Path | None
 ) -> None:
