@@ -153,3 +153,73 @@ def test_ray_executor_without_ray_names_the_fix(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(ImportError, match=r"pip install 'conveyor\[ray\]'"):
         ray_executor.RayExecutor().place(SimEnvironment(FAST, 0))
+
+
+class _NodeStages(_WhereStages):
+    """Flags a rollout whose init or reward did not run on the `expected` Ray node."""
+
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        import ray
+
+        runtime = await super().init(task, sample_index, attempt)
+        runtime.init_node = ray.get_runtime_context().get_node_id()  # type: ignore[attr-defined]
+        return runtime
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        import ray
+
+        scored = await super().reward(task, trajectory, runtime)
+        node = ray.get_runtime_context().get_node_id()
+        init_node = runtime.init_node  # type: ignore[attr-defined]
+        ok = node == init_node == self.expected
+        return scored.model_copy(update={"error": None if ok else f"{init_node} -> {node}"})
+
+
+@pytest.mark.slow
+def test_ray_executor_on_a_simulated_two_node_cluster() -> None:
+    """`ray.cluster_utils.Cluster`: a head without sandboxes and a worker node that has them.
+    Every runtime actor is placed on the worker by its `{"sandbox": 1}` request, every stage of
+    a rollout reaches that actor there, and statuses and counts equal asyncio's."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from conveyor.dispatch.ray_executor import RayExecutor
+
+    here = str(Path(__file__).parent)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False},
+    )
+    worker = cluster.add_node(num_cpus=1, resources={"sandbox": 6})
+    try:
+        ray.init(
+            address=cluster.address,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": here}},
+        )
+        cluster.wait_for_nodes()
+        seed = 4
+        local = asyncio.run(_statuses(AsyncioExecutor(), seed))
+        remote = asyncio.run(_statuses(RayExecutor(resources={"sandbox": 1}), seed))
+        assert remote == local and sum(remote.values()) == FAST.trajectories
+
+        async def where() -> list[Trajectory]:
+            dispatcher = make_dispatcher(
+                DispatchSettings(strategy="bounded_batch"),
+                _NodeStages(worker.node_id),
+                executor=RayExecutor(resources={"sandbox": 1}),
+            )
+            return [t async for t in dispatcher.rollouts(SimEnvironment(FAST, 0).tasks(2), 2)]
+
+        placed = asyncio.run(where())
+        assert len(placed) == 4
+        for trajectory in placed:
+            assert trajectory.error is None  # init and reward ran on the sandbox node
+            assert trajectory.metrics["tool_ok"] == 1.0
+        assert worker.node_id != ray.get_runtime_context().get_node_id()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
