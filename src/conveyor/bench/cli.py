@@ -6,6 +6,7 @@ Kept light at import: the benchmark modules are imported inside the commands.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,20 +55,31 @@ def dispatch(
     from conveyor.bench.dispatch import run_bench
     from conveyor.bench.swe_sim import SweSimWorkload
 
-    names = tuple(name.strip() for name in strategies.split(",") if name.strip())
     base = SweSimWorkload() if tasks is None else SweSimWorkload(tasks=tasks)
     report = run_bench(
-        seeds=seeds, sweep=sweep, processes=processes, strategies=names, workload=base
+        seeds=seeds, sweep=sweep, processes=processes, strategies=_names(strategies), workload=base
     )
     if timeline is not None:
         report["timeline_dir"] = str(_save_timeline(base, report, timeline))
-    text = json.dumps(report, default=str)
+    _emit(report, out, None if json_out else _print_table)
+
+
+def _names(strategies: str) -> tuple[str, ...]:
+    """The comma-separated `--strategies` value as names."""
+    return tuple(name.strip() for name in strategies.split(",") if name.strip())
+
+
+def _emit(
+    report: dict[str, Any], out: Path | None, table: Callable[[dict[str, Any]], None] | None
+) -> None:
+    """Write the report to `out` (indented), print `table` (unless --json), then the report as
+    one JSON line: the last line every `bench` command prints."""
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if not json_out:
-        _print_table(report)
-    print(text)
+    if table is not None:
+        table(report)
+    print(json.dumps(report, default=str))
 
 
 @bench_app.command("dispatch-scale")
@@ -81,19 +93,16 @@ def dispatch_scale(
     bounded_batch in the same run; the last line printed is one JSON object."""
     from conveyor.bench.dispatch import run_scale
 
-    names = tuple(name.strip() for name in strategies.split(",") if name.strip())
-    report = run_scale(trajectories, names)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-    if not json_out:
-        for name, s in report["strategies"].items():
-            print(
-                f"{name:<14} {report['trajectories']} rollouts in {s['wall_s']:6.1f}s wall "
-                f"(target < {report['target_wall_s']:.0f}s: {'met' if s['met'] else 'MISSED'}), "
-                f"all accounted: {s['accounted']}, statuses {s['statuses']}"
-            )
-    print(json.dumps(report))
+    _emit(run_scale(trajectories, _names(strategies)), out, None if json_out else _scale_table)
+
+
+def _scale_table(report: dict[str, Any]) -> None:
+    for name, s in report["strategies"].items():
+        print(
+            f"{name:<14} {report['trajectories']} rollouts in {s['wall_s']:6.1f}s wall "
+            f"(target < {report['target_wall_s']:.0f}s: {'met' if s['met'] else 'MISSED'}), "
+            f"all accounted: {s['accounted']}, statuses {s['statuses']}"
+        )
 
 
 def _real(
@@ -105,18 +114,16 @@ def _real(
     from conveyor.config import load_config
 
     resolved = load_config(config, overrides)
-    names = [n.strip() for n in strategies.split(",") if n.strip()]
-    report = asyncio.run(run_real(resolved.config, names))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-    if not json_out:
-        for name, s in report["strategies"].items():
-            print(
-                f"{name:<14} makespan {s['makespan_s']:7.1f}s  util {s['engine_utilisation']:.2f}"
-                f"  first group {s['first_group_fraction']:.2f}"
-            )
-    print(json.dumps(report))
+    report = asyncio.run(run_real(resolved.config, _names(strategies)))
+    _emit(report, out, None if json_out else _real_table)
+
+
+def _real_table(report: dict[str, Any]) -> None:
+    for name, s in report["strategies"].items():
+        print(
+            f"{name:<14} makespan {s['makespan_s']:7.1f}s  util {s['engine_utilisation']:.2f}"
+            f"  first group {s['first_group_fraction']:.2f}"
+        )
 
 
 def _save_timeline(base: Any, report: dict[str, Any], folder: Path) -> Path:
