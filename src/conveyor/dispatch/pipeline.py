@@ -44,6 +44,7 @@ class PipelineDispatcher(Dispatcher):
         }
         self._queues: dict[Stage, asyncio.PriorityQueue[_QueueItem]] = {}
         self._init_slots = asyncio.Semaphore(settings.init_queue)
+        self.admission_done = False  # every rollout of the batch has entered the init queue
 
     def queue_depths(self) -> dict[str, float]:
         """Waiting jobs per stage queue and busy workers per stage pool."""
@@ -65,10 +66,12 @@ class PipelineDispatcher(Dispatcher):
         await self._done.wait()
 
     async def _admit_all(self, jobs: Iterator[RolloutJob]) -> None:
+        self.admission_done = False
         for job in jobs:
             await self._init_slots.acquire()
             await self._admit(job)
             self._queues[Stage.INIT].put_nowait((1, job.seq, job))
+        self.admission_done = True
 
     async def _pool(self, stage: Stage) -> None:
         """Take the most urgent job whenever a worker of this stage is free."""
