@@ -104,3 +104,29 @@ def test_the_slowest_tests_leave_until_the_budget_holds() -> None:
     durations = {"a": 0.5, "b": 0.4, "c": 0.3, "d": 0.1, "e": 2.0}
     assert factory._slow_tests(set(durations), durations, 1.0, 0.5) == {"e", "a", "b"}
     assert factory._slow_tests(set(durations), durations, 5.0, 10.0) == set()
+
+
+def test_a_coverage_run_past_its_limit_is_named_not_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """more-itertools 11.2.1 here: its suite under coverage passed the 900 s limit, no line
+    counted as covered, and the build wrote 0 tasks saying only "0 candidate mutants"."""
+    suite = {
+        "first_passed": ["t.py::a"],
+        "second_passed": ["t.py::a"],
+        "durations": {"t.py::a": 0.01},
+        "covered": {},
+        "seconds": 0.5,
+        "log_tail": "",
+        "coverage_timed_out": True,
+    }
+
+    async def runs(ctx: ProjectContext) -> dict[str, Any]:
+        return suite
+
+    monkeypatch.setattr(factory, "_suite_runs", runs)
+    said: list[str] = []
+    rows = asyncio.run(factory.build_mutation_tasks(_ctx(tmp_path), 5, say=said.append))
+    assert rows == []
+    assert "0 candidate mutants" in said[0]
+    assert "passed the whole-run limit" in said[1] and "no line counts as covered" in said[1]

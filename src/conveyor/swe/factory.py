@@ -71,6 +71,7 @@ class Baseline:
     covered: dict[str, set[int]] = field(default_factory=dict)
     seconds: float = 0.0
     slow: list[str] = field(default_factory=list)
+    coverage_timed_out: bool = False
 
 
 @dataclass
@@ -140,7 +141,13 @@ async def measure_baseline(
             f"no test of {ctx.name} {ctx.version} passes in the sandbox; log:\n{suite['log_tail']}"
         )
     covered = {path: set(lines) for path, lines in suite["covered"].items()}
-    return Baseline(passed=passed, covered=covered, seconds=suite["seconds"], slow=sorted(slow))
+    return Baseline(
+        passed=passed,
+        covered=covered,
+        seconds=suite["seconds"],
+        slow=sorted(slow),
+        coverage_timed_out=suite.get("coverage_timed_out", False),
+    )
 
 
 def _slow_tests(
@@ -194,6 +201,7 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
         "covered": {path: sorted(lines) for path, lines in covered.items()},
         "seconds": second.seconds,
         "log_tail": second.log_tail,
+        "coverage_timed_out": first.timed_out,
     }
     if suite["second_passed"] and not first.timed_out and not second.timed_out:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +230,18 @@ def candidate_mutations(ctx: ProjectContext, baseline: Baseline, seed: int) -> l
         text = (ctx.root / rel).read_text(encoding="utf-8")
         found += mutations_of_file(rel, text, covered)
     return pick(found, seed)
+
+
+def _why_no_candidates(baseline: Baseline) -> str:
+    if baseline.coverage_timed_out:
+        return (
+            "the baseline's run under coverage passed the whole-run limit (coverage tracing "
+            "slows some suites many times over), so no line counts as covered; try an older "
+            "--version or a project whose suite runs faster"
+        )
+    if not baseline.covered:
+        return "coverage recorded no line of the library (is the package importable?)"
+    return "no mutation operator applies to the covered lines"
 
 
 async def evaluate_mutant(ctx: ProjectContext, baseline: Baseline, mutant: Mutation) -> Verdict:
@@ -363,6 +383,8 @@ async def build_mutation_tasks(
         f"({baseline.seconds:.1f} s; {len(baseline.slow)} slow tests left out), "
         f"{len(candidates)} candidate mutants"
     )
+    if not candidates:
+        say(f"{ctx.name} {ctx.version}: no candidate mutants: {_why_no_candidates(baseline)}")
     limit = max_trials if max_trials is not None else max(count * 8, 40)
     cap = kind_cap(count, max_kind_share)
     queue = iter(candidates)
