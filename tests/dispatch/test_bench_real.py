@@ -49,4 +49,6 @@ def test_real_workload_reports_every_strategy(model_dir: Path) -> None:
     for numbers in report["strategies"].values():
         assert numbers["makespan_s"] > 0 and 0 < numbers["first_group_fraction"] <= 1
         assert 0 <= numbers["engine_utilisation"] <= 1
+        assert sum(numbers["statuses"].values()) == 8  # every rollout, each with its status
+        assert 0 <= numbers["mean_reward"] <= 1
     assert report["ratios"]["pipeline_over_bounded_batch"] > 0

@@ -122,7 +122,8 @@ def _real_table(report: dict[str, Any]) -> None:
     for name, s in report["strategies"].items():
         print(
             f"{name:<14} makespan {s['makespan_s']:7.1f}s  util {s['engine_utilisation']:.2f}"
-            f"  first group {s['first_group_fraction']:.2f}"
+            f"  first group {s['first_group_fraction']:.2f}  reward {s['mean_reward']:.2f}"
+            f"  {' '.join(f'{k}={v}' for k, v in sorted(s['statuses'].items()))}"
         )
 
 

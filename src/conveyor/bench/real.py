@@ -3,9 +3,9 @@
 The embedded model on in-process vLLM runs the built-in task families through each strategy in
 turn, under identical limits (one engine, the same `dispatch` settings, the same seeded tasks and
 sampling seeds). Reported per strategy: makespan, throughput, engine occupancy (mean requests in
-flight over `engine.max_num_seqs`, sampled every 50 ms), peak live runtimes and the time until the
-first whole group; ratios against `bounded_batch` and `batch`. The engine is warmed up first so
-no strategy pays vLLM's start.
+flight over `engine.max_num_seqs`, sampled every 50 ms), peak live runtimes, the time until the
+first whole group, the count of each status and the mean reward; ratios against `bounded_batch`
+and `batch`. The engine is warmed up first so no strategy pays vLLM's start.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from conveyor.config import ConveyorConfig
 
 async def _measure(
     dispatcher: Any, engine: Any, tasks: Sequence[Any], k: int, capacity: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     samples: list[int] = []
     stop = asyncio.Event()
 
@@ -33,11 +33,17 @@ async def _measure(
     start = time.monotonic()
     first_group = None
     count = 0
+    statuses: dict[str, int] = {}
+    rewards: list[float] = []
     try:
-        async for _group in dispatcher.groups(tasks, k):
+        async for group in dispatcher.groups(tasks, k):
             count += 1
             if first_group is None:
                 first_group = time.monotonic() - start
+            for trajectory in group.trajectories:
+                statuses[str(trajectory.status)] = statuses.get(str(trajectory.status), 0) + 1
+                if trajectory.reward is not None:
+                    rewards.append(trajectory.reward)
     finally:
         stop.set()
         await watcher
@@ -50,6 +56,9 @@ async def _measure(
         "peak_live_runtimes": float(dispatcher.peak_live_runtimes),
         "first_group_s": first_group or makespan,
         "first_group_fraction": (first_group or makespan) / makespan,
+        # a strategy that wins by failing rollouts is no win: the statuses say so
+        "statuses": statuses,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
 
 
