@@ -19,7 +19,14 @@ Every control period (half the median init latency seen so far, between 1 s and 
   queue up behind them and keep the CPUs busy while those runs finish. Where the CPU stages
   bind (swe-sim CPU x4) the share split had left the CPUs half idle in the last eighth of the
   makespan while the last inits waited behind rewards (3674 s against bounded_batch's 3643 s;
-  now 3627 s). At most `total` extra init jobs, so no init can be queued into its timeout.
+  then 3627 s). At most `total` extra init jobs, so no init can be queued into its timeout.
+  The end phase starts before admission ends once the runs wait on inits (the run queue is
+  empty) and the inits not yet done would fill the measured CPUs for no longer than a median
+  run: after the last init the batch lasts about one more run, and the rewards put off until
+  then fill the CPUs during it. At CPU x1.5 / R 192, where R and the CPUs bind together,
+  starting only at admission's end left the longest runs of the last groups starting 20-40 s
+  after bounded_batch's (1504 s against its 1486 s, 3 seeds); now 1476 s (CPU x4: 3615 s).
+  Not while runs queue for the engine: there faster inits only park runtimes in the run queue.
 - Run stage. Every run in flight keeps its context in the engine's KV cache, also while its
   tool call runs (the prefix cache). When those contexts outgrow the cache the engine evicts
   cached prefixes and preempts requests, and each turn re-prefills its whole context: measured
@@ -83,6 +90,7 @@ _KV_TARGET = 0.75  # ... to this; and it grows only while growth keeps the proje
 _KV_LEARN = 0.95  # a thrash at working set L lowers the high mark to 0.95 L (target 0.95 L - 0.1)
 _MIN_ENDED_RUNS = 3  # ended runs before the mixed-age working set counts, and growth with it
 _KV_CUT = 0.9  # ... and, with a working-set reading, cuts the pool to 0.9 of the runs in flight
+_END_PHASE_RUNS = 1.0  # the end phase starts when the inits left fill the CPUs for one run
 
 
 def _mean_context(trajectory: Trajectory) -> float | None:
@@ -129,6 +137,7 @@ class AutoDispatcher(PipelineDispatcher):
         self._prefill_floor = math.inf  # lowest prefill tokens per generated token seen
         self.decisions: list[dict[str, float]] = []
         self._run_contexts: deque[float] = deque(maxlen=_HISTORY)  # mean context of ended runs
+        self._run_latencies: deque[float] = deque(maxlen=_HISTORY)
 
     async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
         self._spawn(self._control())
@@ -142,6 +151,8 @@ class AutoDispatcher(PipelineDispatcher):
             self._completed[stage] += 1
             if stage is Stage.INIT:
                 self._init_latencies.append(end - start)
+            if stage is Stage.RUN:
+                self._run_latencies.append(end - start)
             if stage is Stage.RUN and job.trajectory is not None:
                 life_mean = _mean_context(job.trajectory)
                 if life_mean is not None:
@@ -255,7 +266,7 @@ class AutoDispatcher(PipelineDispatcher):
         share = service[0] / sum(service) if all(map(math.isfinite, service)) else 0.5
         init_limit = min(total - 1, max(1, round(total * share)))
         reward_limit = total - init_limit
-        if self.admission_done:
+        if self._end_phase():
             # the last inits go ahead of the rewards, up to the whole budget on their own
             inits_left = self._queues[Stage.INIT].qsize() + self.pools[Stage.INIT].in_use
             init_limit = max(init_limit, min(inits_left, total))
@@ -263,6 +274,26 @@ class AutoDispatcher(PipelineDispatcher):
         self.pools[Stage.REWARD].set_limit(reward_limit)
         self._log(Stage.INIT, init_limit, worst, in_stage[Stage.INIT])
         self._log(Stage.REWARD, reward_limit, worst, in_stage[Stage.REWARD])
+
+    def _end_phase(self) -> bool:
+        """May the inits left go ahead of the rewards? Once every rollout is admitted; and
+        before that, once the runs wait on inits (the run queue is empty) and the inits not yet
+        done would take the CPUs no longer than a median run: after the last init the batch
+        still lasts about one run, and the rewards put off until then fill the CPUs in it."""
+        if self.admission_done:
+            return True
+        init_service = self._baseline[Stage.INIT]
+        run_queue = self._queues.get(Stage.RUN)
+        if (
+            (run_queue is not None and run_queue.qsize() > 0)
+            or not self._run_latencies
+            or not self._cpu_served
+            or not math.isfinite(init_service)
+        ):
+            return False
+        inits_left = max(0, self._total - self._completed[Stage.INIT])
+        cpu_time = inits_left * init_service / max(1.0, max(self._cpu_served))
+        return cpu_time <= _END_PHASE_RUNS * statistics.median(self._run_latencies)
 
     def _size_run_stage(
         self,
