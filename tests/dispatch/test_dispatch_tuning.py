@@ -335,3 +335,31 @@ def test_auto_early_end_phase_shortens_the_tail_where_inits_bind(
     late = simulate(workload, "auto", {}, 0)
     assert sum(early["statuses"].values()) == workload.trajectories
     assert early["makespan_s"] < late["makespan_s"] - 20
+
+
+def test_auto_shrinks_the_cpu_budget_only_while_more_jobs_wait_than_the_cpus_served() -> None:
+    """Inflated latencies with fewer CPU-stage jobs than the CPUs once served at the same time
+    are long jobs, not queueing: the budget holds. With more jobs than that, it shrinks."""
+
+    async def scenario(init_jobs: float, reward_jobs: float) -> int:
+        auto = _auto(_Engine())
+        latencies = {Stage.INIT: [30.0] * 8, Stage.REWARD: [20.0] * 8, Stage.RUN: []}
+        busy = {Stage.INIT: 20.0, Stage.REWARD: 12.0, Stage.RUN: 0.0}
+        auto._size_cpu_stages(latencies, busy, full=True)  # 32 served; budget grows to 96
+        before = auto.pools[Stage.INIT].limit + auto.pools[Stage.REWARD].limit
+        inflated = {Stage.INIT: [75.0] * 3, Stage.REWARD: [50.0] * 3, Stage.RUN: []}
+        jobs = {**busy, Stage.INIT: init_jobs, Stage.REWARD: reward_jobs}
+        auto._size_cpu_stages(inflated, jobs, full=False)
+        return before - (auto.pools[Stage.INIT].limit + auto.pools[Stage.REWARD].limit)
+
+    assert run_virtual(scenario(20.0, 10.0)) == 0  # 30 jobs <= 32 served: no shrink
+    assert run_virtual(scenario(60.0, 40.0)) > 0  # 100 jobs queue for 32 CPUs: shrink
+
+
+def test_auto_cpu_budget_does_not_ratchet_down_in_the_tail() -> None:
+    """CPU x0.5, R 1024 (swe-sim, seed 2): noisy medians of the last few jobs once shrank the
+    CPU budget to 4 and queued 58 rewards behind one worker (1799 s; seeds 0 and 1 ~1200 s)."""
+    workload = SweSimWorkload().scaled(cpu_factor=0.5, live_runtimes=1024)
+    result = simulate(workload, "auto", {}, 2)
+    assert sum(result["statuses"].values()) == workload.trajectories
+    assert result["makespan_s"] < 1400  # 1209 s

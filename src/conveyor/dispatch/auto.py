@@ -10,7 +10,11 @@ Every control period (half the median init latency seen so far, between 1 s and 
   without queueing (in-stage jobs / inflation, +25%), at most halving per period, and never
   below 1.25x the most jobs served in any of the last 8 periods (the medians of a few
   log-normal latencies are noisy: without that floor the budget ratcheted down to a third of
-  the CPUs at CPU x4 and left them idle). When a pool is
+  the CPUs at CPU x4 and left them idle). It shrinks only while the CPU stages hold more jobs
+  than the CPUs have ever served at once: with fewer, a slow period is long jobs, not queueing.
+  Without that test the budget ratcheted down in the tail of a batch, where a few jobs make
+  noisy medians (swe-sim CPU x0.5, R 1024, seed 2: the budget fell to 4, 58 rewards queued
+  behind one worker, makespan 1799 s against ~1200 s for seeds 0 and 1). When a pool is
   full and latency is within 1.25x the baseline, the budget grows by half. No evidence (fewer
   than 3 completions in a period), no change.
 - End phase. Once every rollout of the batch has been admitted, the inits still to run may take
@@ -138,6 +142,7 @@ class AutoDispatcher(PipelineDispatcher):
         self.decisions: list[dict[str, float]] = []
         self._run_contexts: deque[float] = deque(maxlen=_HISTORY)  # mean context of ended runs
         self._run_latencies: deque[float] = deque(maxlen=_HISTORY)
+        self._cpu_peak = 0.0  # most CPU-stage jobs ever served at once (without queueing)
 
     async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
         self._spawn(self._control())
@@ -257,7 +262,11 @@ class AutoDispatcher(PipelineDispatcher):
         served = sum(in_stage[s] / max(1.0, inflation.get(s, 1.0)) for s in stages)
         if all(s in inflation or in_stage[s] < 1 for s in stages):
             self._cpu_served.append(served)
-        if worst > 2.0:
+        self._cpu_peak = max(self._cpu_peak, served)
+        # Latency alone is no proof of queueing: with fewer jobs in the CPU stages than the CPUs
+        # have ever served at once, a slow period is long jobs, not a wait for a CPU.
+        contended = sum(in_stage[s] for s in stages) > self._cpu_peak
+        if worst > 2.0 and contended:
             capacity = max(served, *self._cpu_served)
             total = max(2, math.ceil(1.25 * capacity), min(total // 2, math.ceil(2 * capacity)))
         elif full and worst <= 1.25:
