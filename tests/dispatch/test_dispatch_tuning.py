@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -252,6 +253,21 @@ def test_runtime_engine_bound_charges_the_first_turn_to_no_runtime() -> None:
     assert bound.runtimes_s > bound.runtime_engine_s
 
 
+def _simulate_with(
+    dispatcher: type[AutoDispatcher],
+    workload: SweSimWorkload,
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """One swe-sim run of `auto` with one of its rules swapped out by a subclass."""
+
+    def make(settings, stages, **kwargs):  # type: ignore[no-untyped-def]
+        return dispatcher(stages, settings, **kwargs)
+
+    monkeypatch.setattr("conveyor.bench.dispatch.make_dispatcher", make)
+    return simulate(workload, "auto", {}, seed)
+
+
 def test_auto_lets_the_last_inits_go_ahead_of_the_rewards() -> None:
     """Once every rollout is admitted, the inits left may take the whole CPU budget (never
     more); before, they get only their share of it, and the rewards always keep theirs."""
@@ -284,11 +300,7 @@ def test_auto_end_phase_shortens_a_cpu_bound_tail(monkeypatch: pytest.MonkeyPatc
         def _end_phase(self) -> bool:
             return False
 
-    def make(settings, stages, **kwargs):  # type: ignore[no-untyped-def]
-        return _ShareSplitOnly(stages, settings, **kwargs)
-
-    monkeypatch.setattr("conveyor.bench.dispatch.make_dispatcher", make)
-    share_split_only = simulate(workload, "auto", {}, 0)
+    share_split_only = _simulate_with(_ShareSplitOnly, workload, 0, monkeypatch)
     assert sum(with_end_phase["statuses"].values()) == workload.trajectories
     assert with_end_phase["makespan_s"] < share_split_only["makespan_s"] - 20
 
@@ -328,11 +340,7 @@ def test_auto_early_end_phase_shortens_the_tail_where_inits_bind(
         def _end_phase(self) -> bool:
             return self.admission_done
 
-    def make(settings, stages, **kwargs):  # type: ignore[no-untyped-def]
-        return _AfterAdmissionOnly(stages, settings, **kwargs)
-
-    monkeypatch.setattr("conveyor.bench.dispatch.make_dispatcher", make)
-    late = simulate(workload, "auto", {}, 0)
+    late = _simulate_with(_AfterAdmissionOnly, workload, 0, monkeypatch)
     assert sum(early["statuses"].values()) == workload.trajectories
     assert early["makespan_s"] < late["makespan_s"] - 20
 

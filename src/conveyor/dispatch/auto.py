@@ -158,8 +158,7 @@ class AutoDispatcher(PipelineDispatcher):
                 self._init_latencies.append(end - start)
             if stage is Stage.RUN:
                 self._run_latencies.append(end - start)
-            if stage is Stage.RUN and job.trajectory is not None:
-                life_mean = _mean_context(job.trajectory)
+                life_mean = _mean_context(job.trajectory) if job.trajectory is not None else None
                 if life_mean is not None:
                     self._run_contexts.append(life_mean)
 
