@@ -126,12 +126,19 @@ def test_auto_sizes_the_run_pool_by_the_kv_working_set_and_learns_the_thrash_poi
         # contexts in step, so the pool waits for a mixed-age reading
         auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
         limits.append(pool.limit)
-        # 3 runs ended that held 8k tokens over their lives: 96 x 8k = 0.77 of the cache
-        auto._run_contexts.extend([8000.0] * 3)
+        # 40 runs ended (a quarter of the 136 started); 3 of them held 8k tokens over 100 s
+        # lives: 96 x 8k = 0.77 of the cache
+        auto._completed[Stage.RUN] = 40
+        auto._run_contexts.extend([(100.0, 8000.0)] * 3)
         auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
         limits.append(pool.limit)
-        # shorter ended runs (4k: 0.38 at 96 runs): it grows by a tenth
-        auto._run_contexts.extend([2000.0] * 6)
+        # six 5 s runs of 2k: the plain mean (4k: 0.38 at 96 runs) would let it grow, but runs
+        # are in flight in proportion to their durations (7.5k: 0.72, x1.1 past the target)
+        auto._run_contexts.extend([(5.0, 2000.0)] * 6)
+        auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
+        limits.append(pool.limit)
+        # twenty 100 s runs of 2k (2.8k weighted: 0.27 at 96 runs): it grows by a tenth
+        auto._run_contexts.extend([(100.0, 2000.0)] * 20)
         auto._size_run_stage(1990.0, 80.0, busy=96.0, kv_load=0.4)
         limits.append(pool.limit)
         # growth would take the projection past the target (0.75): it stops
@@ -152,7 +159,7 @@ def test_auto_sizes_the_run_pool_by_the_kv_working_set_and_learns_the_thrash_poi
         limits.append(pool.limit)
         return limits
 
-    assert run_virtual(scenario()) == [96, 96, 96, 106, 106, 88, 79, 87, 87, 73]
+    assert run_virtual(scenario()) == [96, 96, 96, 96, 106, 106, 88, 79, 87, 87, 73]
 
 
 def test_auto_reads_a_finished_runs_mean_context_from_turns_or_metrics() -> None:
@@ -181,6 +188,7 @@ def test_sim_engine_reports_its_kv_cache() -> None:
     engine = SimEngine(TIGHT, occupancy_reference=8.0)
     assert engine.kv_capacity_tokens == TIGHT.kv_capacity_tokens * TIGHT.engine_replicas
     assert engine.kv_used_tokens == 0
+    assert engine.max_model_len == TIGHT.max_context_tokens
 
 
 def test_auto_ignores_prefill_noise_of_small_periods_and_first_turns() -> None:
@@ -371,3 +379,48 @@ def test_auto_cpu_budget_does_not_ratchet_down_in_the_tail() -> None:
     result = simulate(workload, "auto", {}, 2)
     assert sum(result["statuses"].values()) == workload.trajectories
     assert result["makespan_s"] < 1400  # 1209 s
+
+
+class _KvLimitEngine(_KvEngine):
+    """Also the model's context limit (vLLM: `max_model_len`)."""
+
+    def __init__(self, capacity: int, max_model_len: int) -> None:
+        super().__init__(capacity)
+        self.max_model_len = max_model_len
+
+
+def test_auto_starts_the_run_pool_at_its_worst_case_size_and_grows_past_it_on_evidence() -> None:
+    async def scenario() -> list[object]:
+        auto = _auto(_KvLimitEngine(2_560_000, 32_768), r=256)
+        pool = auto.pools[Stage.RUN]
+        seen: list[object] = [pool.limit]  # p_run = 96
+        # first turns running hold 2.5k tokens: a run that went on to the 32k limit would hold
+        # (2.5k + 32.8k) / 2 = 17.6k over its life; 0.85 x 2.56M / 17.6k = 123 runs
+        auto._start_at_worst_case(2500.0)
+        seen.append(pool.limit)
+        # before a quarter of the runs started have ended, growth stays within that worst case
+        seen.append(auto._kv_room(0.3, busy=123.0))  # 123 x 1.1 runs: 0.93 > 0.85
+        seen.append(auto._kv_room(0.3, busy=100.0))  # after a cut: 100 x 1.1 runs: 0.76
+        # 50 of 173 started have ended, holding 10k over their lives: 123 x 1.1 x 10k = 0.53
+        auto._completed[Stage.RUN] = 50
+        auto._run_contexts.extend([(200.0, 10_000.0)] * 50)
+        seen.append(auto._kv_room(0.3, busy=123.0))
+        capped = _auto(_KvLimitEngine(2_560_000, 32_768), r=100)
+        capped._start_at_worst_case(2500.0)
+        seen.append(capped.pools[Stage.RUN].limit)  # never above R
+        tiny = _auto(_KvLimitEngine(500_000, 32_768), r=256)
+        tiny._start_at_worst_case(2500.0)
+        seen.append(tiny.pools[Stage.RUN].limit)  # never below the config's p_run
+        return seen
+
+    assert run_virtual(scenario()) == [96, 123, False, True, True, 100, 96]
+
+
+def test_auto_does_not_thrash_where_inits_are_fast_and_r_is_loose() -> None:
+    """CPU x0.1, R 512 (swe-sim, seed 0): the first runs to end are the shortest, and their
+    small contexts once let the run pool grow to ~200 while the first wave's contexts were still
+    growing in step: the KV cache overflowed (1620 s, 46 preemptions over 3 seeds)."""
+    workload = SweSimWorkload().scaled(cpu_factor=0.1, live_runtimes=512)
+    result = simulate(workload, "auto", {}, 0)
+    assert sum(result["statuses"].values()) == workload.trajectories
+    assert result["makespan_s"] < 1300  # 1090 s; bounded_batch at P = 128: 1126 s

@@ -197,6 +197,11 @@ class SimEngine:
         return self.workload.kv_capacity_tokens * len(self._replicas)
 
     @property
+    def max_model_len(self) -> int:
+        """The longest context a request may have (vLLM's `max_model_len`)."""
+        return self.workload.max_context_tokens
+
+    @property
     def kv_used_tokens(self) -> int:
         """KV-cache tokens held by running requests now, over all replicas (vLLM's
         `kv_cache_usage_perc` x capacity: cached prefixes of idle sessions are not counted)."""

@@ -44,11 +44,18 @@ Every control period (half the median init latency seen so far, between 1 s and 
   period while full, calm and the grown projection stays below 0.75, and shrinks to the 0.75
   share of its runs when the projection passes 0.85 (contexts grow as runs age). Growth also
   needs the mixed-age working set below the mark: the mean context a finished run held over its
-  life, (first prompt + final context) / 2, times the runs in flight; so the pool does not grow
-  before 3 runs have ended. Without that, where inits are fast (CPU x0.25, R = 512 on swe-sim)
-  the first wave of runs, all young, read a small working set, the pool grew to 157 within
-  130 s, the contexts then grew in step past the cache, and the pool had to be cut to 105 while
-  throughput fell by a third (1312 s against the pipeline's best 1175 s). A thrash (a
+  life, (first prompt + final context) / 2, weighted by the run's duration (runs are in flight
+  in proportion to how long they last, and long runs hold long contexts), times the runs in
+  flight. Without it, where inits are fast (CPU x0.25, R = 512 on swe-sim) the first wave of
+  runs, all young, read a small working set, the pool grew to 157 within 130 s, the contexts
+  then grew in step past the cache, and the pool had to be cut to 105 while throughput fell by
+  a third (1312 s against the pipeline's best 1175 s). That reading counts only once a quarter
+  of the runs started have ended: the first runs to end are the shortest, and with 3-15 of them
+  (CPU x0.1, R = 512) it read half the mature working set, the pool grew to ~200 and the cache
+  overflowed (1521 s against bounded_batch's 1168 s). Before that the pool holds the worst case:
+  where the engine also reports `max_model_len`, it starts at (and may regrow to) the runs whose
+  contexts fit below the high mark even if every run went on to the context limit, a life mean
+  of (prompt + max_model_len) / 2 (swe-sim: 123 runs), else it does not grow. A thrash (a
   new preemption, or prefill per generated token above 3x its lowest value and above 8; judged
   on periods of 20k+ generated tokens) at working set L cuts the pool to 0.9 of the runs in
   flight and lowers the marks to 0.95 L and 0.95 L - 0.1: the limit is learnt in working-set
@@ -58,7 +65,7 @@ Every control period (half the median init latency seen so far, between 1 s and 
   throughput than the best point seen, it is cut back to that point's concurrency.
 
 It never exceeds R and never drops a pool below 1; the CPU pools start at the config's
-`p_init`/`p_reward`, the run pool at `p_run`.
+`p_init`/`p_reward`, the run pool at `p_run` (or its worst-case size, if larger).
 """
 
 from __future__ import annotations
@@ -93,6 +100,9 @@ _KV_HIGH = 0.85  # projected KV working set (fraction of the cache) above which 
 _KV_TARGET = 0.75  # ... to this; and it grows only while growth keeps the projection below it
 _KV_LEARN = 0.95  # a thrash at working set L lowers the high mark to 0.95 L (target 0.95 L - 0.1)
 _MIN_ENDED_RUNS = 3  # ended runs before the mixed-age working set counts, and growth with it
+# Growth waits until this fraction of the runs started have ended: the first runs to end are the
+# shortest, so before that the mixed-age working set read from them is far too small.
+_ENDED_FRACTION = 0.25
 _KV_CUT = 0.9  # ... and, with a working-set reading, cuts the pool to 0.9 of the runs in flight
 _END_PHASE_RUNS = 1.0  # the end phase starts when the inits left fill the CPUs for one run
 
@@ -140,7 +150,10 @@ class AutoDispatcher(PipelineDispatcher):
         self._cpu_served: deque[float] = deque(maxlen=_CAPACITY_PERIODS)
         self._prefill_floor = math.inf  # lowest prefill tokens per generated token seen
         self.decisions: list[dict[str, float]] = []
-        self._run_contexts: deque[float] = deque(maxlen=_HISTORY)  # mean context of ended runs
+        # (duration, mean context over its life) of ended runs
+        self._run_contexts: deque[tuple[float, float]] = deque(maxlen=_HISTORY)
+        # a run's context over its life if it went on to the model's context limit, or 0.0
+        self._worst_life_mean = 0.0
         self._run_latencies: deque[float] = deque(maxlen=_HISTORY)
         self._cpu_peak = 0.0  # most CPU-stage jobs ever served at once (without queueing)
 
@@ -160,7 +173,7 @@ class AutoDispatcher(PipelineDispatcher):
                 self._run_latencies.append(end - start)
                 life_mean = _mean_context(job.trajectory) if job.trajectory is not None else None
                 if life_mean is not None:
-                    self._run_contexts.append(life_mean)
+                    self._run_contexts.append((end - start, life_mean))
 
     def _period(self) -> float:
         init = self._init_latencies
@@ -203,6 +216,8 @@ class AutoDispatcher(PipelineDispatcher):
                 _delta(self._engine_counter("preemptions"), preempted),
             )
             kv_load = self._kv_load(kv_used, in_flight, in_stage[Stage.RUN])
+            if not self._worst_life_mean and kv_used > 0 and in_flight >= 1:
+                self._start_at_worst_case(kv_used / in_flight)
             self._size_run_stage(
                 produced / period, in_flight, in_stage[Stage.RUN], thrashing, calm, kv_load
             )
@@ -342,18 +357,49 @@ class AutoDispatcher(PipelineDispatcher):
             pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * _RUN_GROWTH)))
         self._log(Stage.RUN, pool.limit, throughput, busy)
 
+    def _start_at_worst_case(self, running_context: float) -> None:
+        """Raise the run pool, once, to as many runs as the cache holds below the high mark
+        even if every run went on to the model's context limit: a run's context over its life
+        then averages (prompt + max_model_len) / 2, the prompt read as the mean context of the
+        requests running at the first reading (first turns). Needs the engine's
+        `max_model_len`."""
+        capacity = self._engine_counter("kv_capacity_tokens")
+        limit = self._engine_counter("max_model_len")
+        if not capacity or not limit:
+            return
+        self._worst_life_mean = (running_context + limit) / 2
+        size = min(
+            self.settings.max_live_runtimes,
+            math.floor(_KV_HIGH * capacity / self._worst_life_mean),
+        )
+        pool = self.pools[Stage.RUN]
+        if size > pool.limit:
+            pool.set_limit(size)
+
     def _kv_room(self, kv_load: float, busy: float) -> bool:
         """May the run pool grow by a tenth? The working set now must stay below the target,
-        and so must the one its runs will hold when they are of mixed ages (mean context of
-        ended runs x runs): young runs grow their contexts in step, so no growth before a few
-        runs have ended."""
+        and so must the one its runs will hold when they are of mixed ages: the mean context of
+        ended runs over their lives, weighted by their durations (a run is in flight for as long
+        as it lasts, so long runs, with long contexts, are most of the runs in flight), times the
+        runs in flight. Young runs grow their contexts in step and the first runs to end are
+        the shortest, so until a quarter of the runs started have ended the pool grows only
+        within the worst case (every run going on to the context limit)."""
         if kv_load * _RUN_GROWTH >= self._kv_target:
             return False
         capacity = self._engine_counter("kv_capacity_tokens")
-        if len(self._run_contexts) < _MIN_ENDED_RUNS or not capacity:
+        ended = self._completed[Stage.RUN]
+        if not capacity:
             return False
-        mature = statistics.fmean(self._run_contexts) * busy / capacity
-        return mature * _RUN_GROWTH < self._kv_target
+        if ended < _ENDED_FRACTION * (ended + busy):
+            worst = self._worst_life_mean * busy * _RUN_GROWTH / capacity
+            return bool(self._worst_life_mean) and worst < _KV_HIGH
+        if len(self._run_contexts) < _MIN_ENDED_RUNS:
+            return False
+        seconds = sum(duration for duration, _ in self._run_contexts)
+        if seconds <= 0:
+            return False
+        life_mean = sum(duration * mean for duration, mean in self._run_contexts) / seconds
+        return life_mean * busy / capacity * _RUN_GROWTH < self._kv_target
 
     def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:
         self.decisions.append(
