@@ -107,6 +107,65 @@ def test_every_rollout_accounted_for_with_the_right_status(strategy: str) -> Non
     assert env.live == 0  # every runtime closed
 
 
+def _seed_with_a_failed_init_after_a_failed_reward() -> int:
+    """A seed where some rollout's reward fails and its retry's init fails too: the retry must
+    not pair its own stage start with the end of the attempt before."""
+    for seed in range(500):
+        for task in range(FAULTY.tasks):
+            for sample in range(FAULTY.samples_per_task):
+                reward_failed = False  # the attempt before got as far as a failed reward
+                for attempt in range(MAX_RETRIES + 1):
+                    plan = plan_rollout(FAULTY, seed, task, sample, attempt)
+                    if plan.init_fails and reward_failed:
+                        return seed
+                    if not (plan.init_fails or plan.reward_fails):
+                        break  # finished: no more attempts
+                    reward_failed = not plan.init_fails
+    raise AssertionError("no seed fails an init after a failed reward")
+
+
+def test_a_retry_drops_the_stage_timings_of_the_attempt_before() -> None:
+    """Stale `init_end`s once paired with a retry's `init_start` gave negative init latencies:
+    `auto` read them as no queueing at all, its CPU budget floor jumped to every job in the
+    CPU stages, and on swe-sim CPU x4 / R 512 a reward pool of 1 ran for 10,000 s."""
+    from conveyor.dispatch.auto import AutoDispatcher
+    from conveyor.dispatch.base import Stage
+
+    seen: list[tuple[str, float, float]] = []
+
+    class _Recording(AutoDispatcher):
+        def _stage_done(self, stage, job):  # type: ignore[no-untyped-def]
+            name = stage.name.lower()
+            start, end = job.timings.get(f"{name}_start"), job.timings.get(f"{name}_end")
+            if start is not None and end is not None:
+                seen.append((name, start, end))
+            super()._stage_done(stage, job)
+
+    async def scenario() -> tuple[int, AutoDispatcher]:
+        engine = SimEngine(FAULTY, occupancy_reference=8)
+        engine.start()
+        env = SimEnvironment(FAULTY, _seed_with_a_failed_init_after_a_failed_reward(), engine)
+        settings = DispatchSettings(
+            strategy="auto",
+            p_init=4,
+            p_run=8,
+            p_reward=3,
+            max_live_runtimes=FAULTY.max_live_runtimes,
+            run_timeout_s=RUN_TIMEOUT_S,
+            max_infra_retries=MAX_RETRIES,
+        )
+        auto = _Recording(env, settings, engine=engine)
+        out = [t async for t in auto.rollouts(env.tasks(), FAULTY.samples_per_task)]
+        await engine.close()
+        return len(out), auto
+
+    count, auto = run_virtual(scenario())
+    assert count == FAULTY.trajectories
+    assert seen and all(end >= start for _, start, end in seen), [s for s in seen if s[2] < s[1]]
+    assert min(auto._init_latencies) >= 0 and min(auto._run_latencies) >= 0
+    assert auto._completed[Stage.INIT] == sum(1 for name, _, _ in seen if name == "init")
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_timings_are_ordered(strategy: str) -> None:
     clean = FAULTY.model_copy(

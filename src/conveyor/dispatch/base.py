@@ -30,6 +30,11 @@ from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
+# Stage start/end stamps of one attempt; a retry drops them (queue waits keep accumulating).
+_STAGE_TIMINGS = tuple(
+    f"{stage}_{edge}" for stage in ("init", "run", "reward") for edge in ("start", "end")
+)
+
 
 class EngineProbe(Protocol):
     """What the dispatcher may read from the engine: requests in flight (any `SamplingClient`)."""
@@ -223,6 +228,10 @@ class Dispatcher:
                 return None
             job.attempt += 1
             job.ready_at = self.now()
+            # the record (and `auto`'s latencies) describe the attempt that counts: a stage end
+            # left from the attempt before would pair with this attempt's start
+            for key in _STAGE_TIMINGS:
+                job.timings.pop(key, None)
             return Stage.INIT
         await self._close(job)
         self._emit_finished(job)
