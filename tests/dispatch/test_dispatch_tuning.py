@@ -424,3 +424,15 @@ def test_auto_does_not_thrash_where_inits_are_fast_and_r_is_loose() -> None:
     result = simulate(workload, "auto", {}, 0)
     assert sum(result["statuses"].values()) == workload.trajectories
     assert result["makespan_s"] < 1300  # 1090 s; bounded_batch at P = 128: 1126 s
+
+
+def test_auto_end_phase_sends_no_more_inits_than_finish_within_half_their_budget() -> None:
+    async def scenario() -> list[int]:
+        auto = _auto(_Engine())
+        before = auto._inits_within_timeout()  # no init measured yet: the pool's own limit
+        auto._baseline[Stage.INIT] = 120.0
+        auto._cpu_served.append(32.0)
+        # 600 s budget, 120 s inits, 32 CPUs: 80 inits clear the FIFO CPUs in 300 s
+        return [before, auto._inits_within_timeout()]
+
+    assert run_virtual(scenario()) == [32, 80]

@@ -292,11 +292,24 @@ class AutoDispatcher(PipelineDispatcher):
         if self._end_phase():
             # the last inits go ahead of the rewards, up to the whole budget on their own
             inits_left = self._queues[Stage.INIT].qsize() + self.pools[Stage.INIT].in_use
-            init_limit = max(init_limit, min(inits_left, total))
+            init_limit = max(init_limit, min(inits_left, total, self._inits_within_timeout()))
         self.pools[Stage.INIT].set_limit(init_limit)
         self.pools[Stage.REWARD].set_limit(reward_limit)
         self._log(Stage.INIT, init_limit, worst, in_stage[Stage.INIT])
         self._log(Stage.REWARD, reward_limit, worst, in_stage[Stage.REWARD])
+
+    def _inits_within_timeout(self) -> int:
+        """The most inits the end phase may send to the CPUs at once so that each still
+        finishes within half the init budget (the CPUs are FIFO: an init waits behind every
+        job ahead of it). A safety bound: at `_END_PHASE_RUNS` = 1 it has not bound on the
+        swe-sim points; with the end phase at two runs, CPU x4 / R 512 queued inits and
+        rewards into their 600 s budgets (37 `infra_error`s on seed 1) through the CPU budget
+        itself, which this does not limit."""
+        service = self._baseline[Stage.INIT]
+        if not math.isfinite(service) or not self._cpu_served:
+            return self.pools[Stage.INIT].limit
+        cpus = max(self._cpu_served)
+        return max(1, math.floor(0.5 * self.settings.init_timeout_s / service * cpus))
 
     def _end_phase(self) -> bool:
         """May the inits left go ahead of the rewards? Once every rollout is admitted; and
