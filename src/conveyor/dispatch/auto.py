@@ -37,7 +37,8 @@ Every control period (half the median init latency seen so far, between 1 s and 
   on swe-sim (R = 256), prefill tokens per generated token jump from ~2 to ~20 and throughput
   halves for hundreds of seconds, because the runs that caused it keep their contexts until
   they end, and the first wave of runs grows its contexts in step. So the pool starts at the
-  config's `p_run` (not at R). Where the engine reports its KV cache (`kv_capacity_tokens`,
+  config's `p_run` (not at R), or at its worst-case size (below). Where the engine reports its
+  KV cache (`kv_capacity_tokens`,
   `kv_used_tokens`: vLLM's cache size and `kv_cache_usage`), the pool is sized by the projected
   working set = mean context of a running request x runs in flight (a run in a tool call keeps
   its context cached for its next turn), as a fraction of the cache: it grows by a tenth per
