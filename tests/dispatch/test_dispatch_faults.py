@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from conveyor.bench.sim_stages import SimEnvironment
 from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
 from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.dispatch.base import Dispatcher
 from conveyor.types import Status, Trajectory
 
 STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]
@@ -63,8 +65,9 @@ def _seed_with_every_outcome() -> int:
 
 
 async def _run_all(
-    workload: SweSimWorkload, strategy: str, seed: int
-) -> tuple[list[Trajectory], SimEnvironment, int]:
+    workload: SweSimWorkload, strategy: str, seed: int, make: Any = make_dispatcher
+) -> tuple[list[Trajectory], SimEnvironment, Dispatcher]:
+    """Every rollout of `workload` through `strategy` (made by `make`, as `make_dispatcher`)."""
     engine = SimEngine(workload, occupancy_reference=8)
     engine.start()
     env = SimEnvironment(workload, seed, engine)
@@ -79,16 +82,17 @@ async def _run_all(
         run_timeout_s=RUN_TIMEOUT_S,
         max_infra_retries=MAX_RETRIES,
     )
-    dispatcher = make_dispatcher(settings, env, engine=engine)
+    dispatcher = make(settings, env, engine=engine)
     out = [t async for t in dispatcher.rollouts(env.tasks(), workload.samples_per_task)]
     await engine.close()
-    return out, env, dispatcher.peak_live_runtimes
+    return out, env, dispatcher
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_every_rollout_accounted_for_with_the_right_status(strategy: str) -> None:
     seed = _seed_with_every_outcome()
-    out, env, peak = run_virtual(_run_all(FAULTY, strategy, seed))
+    out, env, dispatcher = run_virtual(_run_all(FAULTY, strategy, seed))
+    peak = dispatcher.peak_live_runtimes
     keys = [(t.task_id, t.sample_index) for t in out]
     assert len(out) == FAULTY.trajectories  # count in == count out
     assert len(set(keys)) == len(keys)  # exactly one record each
@@ -141,26 +145,12 @@ def test_a_retry_drops_the_stage_timings_of_the_attempt_before() -> None:
                 seen.append((name, start, end))
             super()._stage_done(stage, job)
 
-    async def scenario() -> tuple[int, AutoDispatcher]:
-        engine = SimEngine(FAULTY, occupancy_reference=8)
-        engine.start()
-        env = SimEnvironment(FAULTY, _seed_with_a_failed_init_after_a_failed_reward(), engine)
-        settings = DispatchSettings(
-            strategy="auto",
-            p_init=4,
-            p_run=8,
-            p_reward=3,
-            max_live_runtimes=FAULTY.max_live_runtimes,
-            run_timeout_s=RUN_TIMEOUT_S,
-            max_infra_retries=MAX_RETRIES,
-        )
-        auto = _Recording(env, settings, engine=engine)
-        out = [t async for t in auto.rollouts(env.tasks(), FAULTY.samples_per_task)]
-        await engine.close()
-        return len(out), auto
+    def make(settings, stages, **kwargs):  # type: ignore[no-untyped-def]
+        return _Recording(stages, settings, **kwargs)
 
-    count, auto = run_virtual(scenario())
-    assert count == FAULTY.trajectories
+    seed = _seed_with_a_failed_init_after_a_failed_reward()
+    out, _, auto = run_virtual(_run_all(FAULTY, "auto", seed, make))
+    assert isinstance(auto, _Recording) and len(out) == FAULTY.trajectories
     assert seen and all(end >= start for _, start, end in seen), [s for s in seen if s[2] < s[1]]
     assert min(auto._init_latencies) >= 0 and min(auto._run_latencies) >= 0
     assert auto._completed[Stage.INIT] == sum(1 for name, _, _ in seen if name == "init")

@@ -217,7 +217,7 @@ class AutoDispatcher(PipelineDispatcher):
                 _delta(self._engine_counter("preemptions"), preempted),
             )
             kv_load = self._kv_load(kv_used, in_flight, in_stage[Stage.RUN])
-            if not self._worst_life_mean and kv_used > 0 and in_flight >= 1:
+            if not self._worst_life_mean and kv_load is not None:  # the first KV reading
                 self._start_at_worst_case(kv_used / in_flight)
             self._size_run_stage(
                 produced / period, in_flight, in_stage[Stage.RUN], thrashing, calm, kv_load
@@ -401,9 +401,9 @@ class AutoDispatcher(PipelineDispatcher):
         if kv_load * _RUN_GROWTH >= self._kv_target:
             return False
         capacity = self._engine_counter("kv_capacity_tokens")
-        ended = self._completed[Stage.RUN]
         if not capacity:
             return False
+        ended = self._completed[Stage.RUN]
         if ended < _ENDED_FRACTION * (ended + busy):
             worst = self._worst_life_mean * busy * _RUN_GROWTH / capacity
             return bool(self._worst_life_mean) and worst < _KV_HIGH
