@@ -225,6 +225,9 @@ class DispatchConfig(_Section):
       stage's wall budget is `agent.rollout_timeout_s` (one key for one setting): the agent loop
       enforces it and keeps its partial turns; the dispatcher adds a grace period on top.
     - `max_infra_retries`: fresh-runtime retries of a rollout after an infrastructure failure.
+    - `early_first_turn`: `pipeline` and `auto` start a rollout's first generation (it reads only
+      the prompt) beside its init, inside the rollout's runtime slot, when the stages implement
+      `first_turn`; `batch` and `bounded_batch` keep the paper's strictly sequential stages.
     """
 
     strategy: Literal["batch", "bounded_batch", "pipeline", "auto"] = Field(
@@ -247,6 +250,13 @@ class DispatchConfig(_Section):
     reward_timeout_s: float = Field(default=600.0, gt=0, description="Reward budget (infra).")
     max_infra_retries: int = Field(
         default=2, ge=0, description="Fresh-runtime retries after an infra failure."
+    )
+    early_first_turn: bool = Field(
+        default=True,
+        description=(
+            "pipeline/auto: start a rollout's first generation beside its init (stages that"
+            " implement `first_turn`)."
+        ),
     )
     telemetry_interval_s: float = Field(
         default=1.0, gt=0, description="Seconds between telemetry samples."

@@ -15,7 +15,7 @@ from typing import Any
 
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.hints import HintPolicy
-from conveyor.agent.loop import AgentLoop, final_answer
+from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
@@ -97,9 +97,18 @@ class AgentStages:
         """A started runtime from the task's family."""
         return await self._family(task).make_runtime(task)
 
-    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
-        """The agent loop; engine and runtime failures propagate as infrastructure errors."""
-        return await self.loop_for(task).run(task, sample_index, runtime)
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> FirstTurn | None:
+        """The first generation, which needs no runtime (the dispatcher overlaps it with init)."""
+        return await self.loop_for(task).first_turn(task, sample_index)
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        """The agent loop, from `head` when `first_turn` ran; engine and runtime failures
+        propagate as infrastructure errors."""
+        if head is not None and not isinstance(head, FirstTurn):
+            raise TypeError(f"AgentStages.run: head must be a FirstTurn, got {type(head)}")
+        return await self.loop_for(task).run(task, sample_index, runtime, head)
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
         """Score every policy outcome (ok, truncated, policy_error, timeout) with the family."""

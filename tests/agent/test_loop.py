@@ -246,3 +246,47 @@ def test_oracle_of_each_builtin_family_scores_one(tokenizer: Any) -> None:
         t, score = asyncio.run(go())
         assert t.status is Status.OK and score == 1.0, (name, t.messages)
         assert t.counters["tool_calls"] >= 3
+
+
+def test_first_turn_sampled_before_the_runtime_continues_token_exact(tokenizer: Any) -> None:
+    """`first_turn` samples turn 0 from the prompt alone (the dispatcher overlaps it with the
+    runtime's set-up); `run(head=...)` continues from it: the same trajectory, token for token,
+    as a loop that sampled every turn itself, with the engine asked once less by `run`."""
+    texts = [call("echo", text="a"), call("finish", answer="7")]
+    tools = ToolRegistry([boom, hang, echo, finish])
+    renderer = ChatRenderer(tokenizer, tools.schemas())
+    agent = AgentConfig(max_turns=4, tool_timeout_s=0.2)
+
+    def loop_on(engine: SimulatedEngine) -> AgentLoop:
+        return AgentLoop(renderer, engine, tools, agent, SamplingConfig(), rollout_timeout_s=30)
+
+    plain = asyncio.run(loop_on(scripted(tokenizer, texts)).run(TASK, 0, None))
+    engine = scripted(tokenizer, texts)
+    loop = loop_on(engine)
+
+    async def split() -> Any:
+        head = await loop.first_turn(TASK, 0)
+        assert head is not None and list(head.prompt_ids) == plain.turns[0].prompt_ids
+        return await loop.run(TASK, 0, None, head)
+
+    early = asyncio.run(split())
+    assert early.status is Status.OK and final_answer(early) == "7"
+    assert [(t.prompt_ids, t.completion_ids) for t in early.turns] == [
+        (t.prompt_ids, t.completion_ids) for t in plain.turns
+    ]
+    assert "first_turn_engine_s" in early.timings and "first_turn_engine_s" not in plain.timings
+
+
+def test_first_turn_is_none_when_the_prompt_alone_is_over_budget(tokenizer: Any) -> None:
+    tools = ToolRegistry([echo, finish])
+    loop = AgentLoop(
+        ChatRenderer(tokenizer, tools.schemas()),
+        scripted(tokenizer, [call("finish", answer="1")]),
+        tools,
+        AgentConfig(max_turns=2, max_prompt_tokens=8),
+        SamplingConfig(),
+        rollout_timeout_s=30,
+    )
+    assert asyncio.run(loop.first_turn(TASK, 0)) is None
+    t = asyncio.run(loop.run(TASK, 0, None, None))
+    assert t.status is Status.TRUNCATED and t.stop_reason == "max_prompt_tokens"

@@ -26,9 +26,18 @@ from conveyor.agent.hints import HintPolicy, TurnObservation
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext, ToolRegistry
 from conveyor.config import AgentConfig, HintsConfig, SamplingConfig
-from conveyor.engines.base import SampleRequest, SamplingClient
+from conveyor.engines.base import SampleRequest, SampleResult, SamplingClient
 from conveyor.runtime.base import Runtime
 from conveyor.types import Message, Status, StopReason, Task, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class FirstTurn:
+    """The first generation of a rollout, sampled before its runtime existed (`first_turn`)."""
+
+    prompt_ids: tuple[int, ...]
+    result: SampleResult
+    engine_s: float
 
 
 @dataclass
@@ -73,14 +82,47 @@ class AgentLoop:
             s["function"]["name"]: s["function"].get("parameters", {}) for s in tools.schemas()
         }
 
-    async def run(self, task: Task, sample_index: int, runtime: Runtime | None) -> Trajectory:
-        """One rollout. Infra failures raise; every policy outcome is a status in the result."""
+    def _request(
+        self, prompt: list[int], session: str, turn_index: int, room: int
+    ) -> SampleRequest:
+        return SampleRequest(
+            prompt_ids=prompt,
+            max_tokens=min(self.agent.max_completion_tokens, room),
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            seed=_request_seed(self.sampling.sampling_seed, session, turn_index),
+            session_id=session,
+        )
+
+    async def first_turn(self, task: Task, sample_index: int) -> FirstTurn | None:
+        """The rollout's first generation, which reads only the task's prompt and so needs no
+        runtime: the dispatcher starts it beside the runtime's set-up and `run` continues from
+        it. None where the prompt alone exceeds a budget (`run` then ends the rollout itself)."""
+        prompt = TokenLedger(self.renderer).start(task.prompt)
+        room = self.agent.max_context_tokens - len(prompt)
+        if len(prompt) > self.agent.max_prompt_tokens or room <= 0:
+            return None
+        asked = time.monotonic()
+        result = await self.client.sample(
+            self._request(prompt, f"{task.id}/{sample_index}", 0, room)
+        )
+        return FirstTurn(tuple(prompt), result, time.monotonic() - asked)
+
+    async def run(
+        self,
+        task: Task,
+        sample_index: int,
+        runtime: Runtime | None,
+        head: FirstTurn | None = None,
+    ) -> Trajectory:
+        """One rollout. Infra failures raise; every policy outcome is a status in the result.
+        With `head` (from `first_turn`, same task and sample) its generation is the first turn."""
         start = time.monotonic()
         state = _State()
         ledger = TokenLedger(self.renderer)
         hints = self.hint_policy(self.agent.hints)
         ctx = ToolContext(task=task, runtime=runtime)
-        await self._turns(task, sample_index, ledger, hints, ctx, state)
+        await self._turns(task, sample_index, ledger, hints, ctx, state, head)
         state.counters["splits"] = ledger.splits
         state.counters["hints"] = sum(hints.counts.values())
         for trigger, count in hints.counts.items():
@@ -101,6 +143,7 @@ class AgentLoop:
                 "run_s": time.monotonic() - start,
                 "engine_s": state.engine_s,
                 "policy_s": time.monotonic() - start - state.engine_s,
+                **({"first_turn_engine_s": head.engine_s} if head is not None else {}),
             },
             counters=state.counters,
             metrics={
@@ -117,6 +160,7 @@ class AgentLoop:
         hints: HintPolicy,
         ctx: ToolContext,
         state: _State,
+        head: FirstTurn | None = None,
     ) -> None:
         cfg = self.agent
         prompt = ledger.start(task.prompt)
@@ -133,19 +177,13 @@ class AgentLoop:
             if state.policy_time() > self.rollout_timeout_s:
                 state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
                 return
-            seed = _request_seed(self.sampling.sampling_seed, session, turn_index)
-            asked = time.monotonic()
-            result = await self.client.sample(
-                SampleRequest(
-                    prompt_ids=prompt,
-                    max_tokens=min(cfg.max_completion_tokens, room),
-                    temperature=self.sampling.temperature,
-                    top_p=self.sampling.top_p,
-                    seed=seed,
-                    session_id=session,
-                )
-            )
-            state.engine_s += time.monotonic() - asked
+            if turn_index == 0 and head is not None and head.prompt_ids == tuple(prompt):
+                # sampled before the runtime existed; its engine time is not the run's
+                result = head.result
+            else:
+                asked = time.monotonic()
+                result = await self.client.sample(self._request(prompt, session, turn_index, room))
+                state.engine_s += time.monotonic() - asked
             stopped = result.finish_reason == "stop"
             state.turns.append(
                 Turn(

@@ -8,6 +8,7 @@ run can check the bound R from outside the dispatcher, and the runtime-seconds t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.bench.sim_engine import SimEngine
@@ -69,6 +70,14 @@ class SimRuntime:
         self._env.release_runtime(self._born)
 
 
+@dataclass(frozen=True, slots=True)
+class SimHead:
+    """A first turn generated before the runtime existed: which attempt, and the context after."""
+
+    attempt: int
+    context: int
+
+
 class SimEnvironment:
     """`RolloutStages` of the swe-sim workload, with its shared CPU slots and engine."""
 
@@ -125,18 +134,38 @@ class SimEnvironment:
             raise
         return SimRuntime(self, attempt, born)
 
-    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
-        """Turns of generation on the engine and tool calls on the runtime."""
+    def _engine(self) -> SimEngine:
         if self.engine is None:
             raise RuntimeError("SimEnvironment needs an engine for the run stage")
-        attempt = int(await runtime.read_file(ATTEMPT_FILE))
+        return self.engine
+
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> SimHead:
+        """The first generation: it reads only the prompt, so it needs no runtime."""
+        plan = self.plan(task, sample_index, attempt)
+        session = f"{task.id}/{sample_index}/{attempt}"
+        context = self.workload.prompt_tokens
+        await self._engine().generate(session, context, plan.turns[0].completion_tokens)
+        return SimHead(attempt, context + plan.turns[0].completion_tokens)
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        """Turns of generation on the engine and tool calls on the runtime (the first turn's
+        generation already done when `head` comes from `first_turn`)."""
+        engine = self._engine()
+        if head is not None and not isinstance(head, SimHead):
+            raise TypeError(f"SimEnvironment.run: head must be a SimHead, got {type(head)}")
+        attempt = head.attempt if head else int(await runtime.read_file(ATTEMPT_FILE))
         plan = self.plan(task, sample_index, attempt)
         session = f"{task.id}/{sample_index}/{attempt}"
         context = self.workload.prompt_tokens
         last = len(plan.turns) - 1
         for index, turn in enumerate(plan.turns):
-            await self.engine.generate(session, context, turn.completion_tokens)
-            context += turn.completion_tokens
+            if index == 0 and head is not None:
+                context = head.context
+            else:
+                await engine.generate(session, context, turn.completion_tokens)
+                context += turn.completion_tokens
             if index == last and not plan.truncated:
                 break  # the last turn calls `finish`
             command = "hang" if turn.tool_hangs else f"sleep {turn.tool_s:.6f}"

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol
 
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.limiter import AdjustableLimit
-from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.runtime.base import Runtime
 from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # Stage start/end stamps of one attempt; a retry drops them (queue waits keep accumulating).
 _STAGE_TIMINGS = tuple(
-    f"{stage}_{edge}" for stage in ("init", "run", "reward") for edge in ("start", "end")
+    f"{stage}_{edge}" for stage in ("head", "init", "run", "reward") for edge in ("start", "end")
 )
 
 
@@ -66,6 +66,8 @@ class RolloutJob:
     next_stage: Stage | None = Stage.INIT
     ready_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    head: asyncio.Task[object] | None = None  # the first turn, started beside init
+    head_slot: Callable[[], None] | None = None  # gives the first turn's engine place back
 
 
 class _InfraFault(Exception):
@@ -81,11 +83,14 @@ class Dispatcher:
     """Schedules the init, run and reward stages of many rollouts; subclasses pick the order.
 
     Use `rollouts()` to get trajectories as they finish or `groups()` for whole groups.
-    `pause()` stops admission and the start of new run stages; `drain_run_stage()` then waits
-    until no run stage is in flight (around a weight update); `resume()` continues.
+    `pause()` stops admission and the start of new run stages (and of first turns);
+    `drain_run_stage()` then waits until no run stage and no first turn is in flight (around a
+    weight update); `resume()` continues.
     """
 
     name: ClassVar[str] = "base"
+    # Whether this strategy starts a rollout's first turn beside its init (`early_first_turn`).
+    overlaps_first_turn: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -104,6 +109,16 @@ class Dispatcher:
         self.runs_in_flight = 0
         self.in_stage: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._live_limit = AdjustableLimit(settings.max_live_runtimes)
+        self._head_stages = (
+            stages
+            if self.overlaps_first_turn
+            and settings.early_first_turn
+            and isinstance(stages, FirstTurnStages)
+            else None
+        )
+        self._heads: set[asyncio.Task[object]] = set()
+        # rollouts whose first turn has started and whose run stage has not: engine sessions too
+        self.first_turns = 0
         self._open: dict[int, Runtime] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gate = asyncio.Event()
@@ -174,7 +189,8 @@ class Dispatcher:
         self._gate.set()
 
     async def drain_run_stage(self) -> None:
-        """Wait until no run stage is in flight; call after `pause()` (e.g. for a weight update)."""
+        """Wait until no run stage (nor first turn) is in flight; call after `pause()` (e.g. for
+        a weight update)."""
         if self._gate.is_set():
             raise RuntimeError("drain_run_stage() needs pause() first, or it may never end")
         await self._run_idle.wait()
@@ -247,6 +263,7 @@ class Dispatcher:
             self.live_runtimes += 1
             self.peak_live_runtimes = max(self.peak_live_runtimes, self.live_runtimes)
             job.timings["init_start"] = start
+            self._start_head(job)
             timeout = asyncio.timeout(self.settings.init_timeout_s)
             self.in_stage[Stage.INIT] += 1
             try:
@@ -259,6 +276,7 @@ class Dispatcher:
             finally:
                 self.in_stage[Stage.INIT] -= 1
         except BaseException:
+            self._drop_head(job)
             self._release_live()
             raise
         self._open[id(runtime)] = runtime
@@ -277,7 +295,7 @@ class Dispatcher:
         timeout = asyncio.timeout(self.settings.run_timeout_s)
         try:
             async with timeout:
-                trajectory = await self.stages.run(job.task, job.sample_index, job.runtime)
+                trajectory = await self._run_stage(job, job.runtime)
         except TimeoutError as error:
             if not timeout.expired():
                 raise _InfraFault(self._describe("run", error, False)) from error
@@ -293,8 +311,7 @@ class Dispatcher:
         finally:
             self.runs_in_flight -= 1
             self.in_stage[Stage.RUN] -= 1
-            if self.runs_in_flight == 0:
-                self._run_idle.set()
+            self._check_run_idle()
         job.trajectory = trajectory
         job.ready_at = job.timings["run_end"] = self.now()
 
@@ -316,7 +333,78 @@ class Dispatcher:
             self.in_stage[Stage.REWARD] -= 1
         job.ready_at = job.timings["reward_end"] = self.now()
 
+    async def _run_stage(self, job: RolloutJob, runtime: Runtime) -> Trajectory:
+        """The run stage's coroutine, continuing from the job's first turn if one was started
+        (its failure is the run stage's: an infra fault of this attempt)."""
+        head_task = self._take_head(job)
+        if head_task is None:
+            return await self.stages.run(job.task, job.sample_index, runtime)
+        assert self._head_stages is not None
+        head = await head_task
+        return await self._head_stages.run(job.task, job.sample_index, runtime, head=head)
+
+    def _head_slot(self) -> Callable[[], None] | None:
+        """A place for one first turn on the engine now, as the function that gives it back, or
+        None (then the rollout's first turn waits for its run stage). Strategies that overlap
+        first turns bound them with their run pool."""
+        return lambda: None
+
+    def _start_head(self, job: RolloutJob) -> None:
+        """Start the job's first turn beside its init, if the strategy has a place for it on
+        the engine (not while paused: no new engine work then)."""
+        if self._head_stages is None or not self._gate.is_set():
+            return
+        release = self._head_slot()
+        if release is None:
+            return
+        job.timings["head_start"] = self.now()
+        head = asyncio.get_running_loop().create_task(
+            self._head_stages.first_turn(job.task, job.sample_index, job.attempt)
+        )
+        job.head, job.head_slot = head, release
+        self.first_turns += 1
+        self._heads.add(head)
+        self._run_idle.clear()
+        attempt = job.attempt
+
+        def finished(task: asyncio.Task[object]) -> None:
+            self._heads.discard(task)
+            if job.head is task:  # still waiting for its run stage: the engine place is free
+                self._give_head_slot(job)
+            if not task.cancelled():
+                task.exception()  # retrieved here; `_run_stage` re-raises it
+                if job.attempt == attempt:
+                    job.timings["head_end"] = self.now()
+            self._check_run_idle()
+
+        head.add_done_callback(finished)
+
+    def _give_head_slot(self, job: RolloutJob) -> None:
+        release, job.head_slot = job.head_slot, None
+        if release is not None:
+            release()
+
+    def _take_head(self, job: RolloutJob) -> asyncio.Task[object] | None:
+        """Detach the job's first turn. Its engine place goes back now: the run stage holds its
+        own, so a run waiting for its first turn takes one place, not two."""
+        head, job.head = job.head, None
+        if head is not None:
+            self.first_turns -= 1
+            self._give_head_slot(job)
+        return head
+
+    def _drop_head(self, job: RolloutJob) -> None:
+        """Cancel a first turn whose rollout will not run (its init failed or was cancelled)."""
+        head = self._take_head(job)
+        if head is not None:
+            head.cancel()
+
+    def _check_run_idle(self) -> None:
+        if self.runs_in_flight == 0 and not self._heads:
+            self._run_idle.set()
+
     async def _close(self, job: RolloutJob) -> None:
+        self._drop_head(job)
         runtime, job.runtime = job.runtime, None
         if runtime is None:
             return
@@ -442,6 +530,14 @@ class Dispatcher:
             except BaseException:  # cancelled, or its crash was already reported
                 pass
         self._tasks.clear()
+        heads = list(self._heads)
+        for head in heads:
+            head.cancel()
+        for head in heads:
+            try:
+                await head
+            except BaseException:  # cancelled, or failed with nobody left to run it
+                pass
         for runtime in list(self._open.values()):
             try:
                 await runtime.close()

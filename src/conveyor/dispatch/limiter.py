@@ -52,6 +52,13 @@ class AdjustableLimit:
                 self._waiters.remove(future)
             raise
 
+    def try_acquire(self) -> bool:
+        """Take a free slot now if there is one (nobody waiting), without waiting."""
+        if self._in_use < self._limit and not self._waiters:
+            self._in_use += 1
+            return True
+        return False
+
     def release(self) -> None:
         """Give a slot back."""
         if self._in_use <= 0:

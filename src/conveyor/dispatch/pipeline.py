@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from conveyor.dispatch.base import Dispatcher, RolloutJob, Stage
@@ -25,8 +25,12 @@ class PipelineDispatcher(Dispatcher):
     while holding its runtime, and a finished run for the reward queue: that back-pressure,
     together with the live-runtime bound R taken at init start, keeps live runtimes <= R.
     Every queue serves the lowest admission number first, so the admission order (group-aware
-    or trajectory-major) carries through every stage.
+    or trajectory-major) carries through every stage. With `early_first_turn` (and stages that
+    implement `first_turn`) a rollout's first generation starts at its init start, beside the
+    sandbox set-up, and its run stage continues from it.
     """
+
+    overlaps_first_turn = True
 
     def __init__(
         self,
@@ -98,6 +102,12 @@ class PipelineDispatcher(Dispatcher):
                 await self._queues[next_stage].put((1, job.seq, job))
         finally:
             pool.release()
+
+    def _head_slot(self) -> Callable[[], None] | None:
+        """A first turn is run-stage work on the engine: it takes a free run-pool place while it
+        generates (never waiting for one), so the run pool bounds the engine's sessions."""
+        pool = self.pools[Stage.RUN]
+        return pool.release if pool.try_acquire() else None
 
     def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
         """Hook for strategies that learn from stage latencies (`auto`)."""

@@ -6,7 +6,7 @@ around them: concurrency, queues, timeouts, retries, closing runtimes and timing
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from conveyor.runtime.base import Runtime
 from conveyor.types import Task, Trajectory
@@ -36,4 +36,27 @@ class RolloutStages(Protocol):
 
         Raises `RuntimeFailure` if the runtime failed while scoring (an infrastructure failure).
         """
+        ...
+
+
+@runtime_checkable
+class FirstTurnStages(RolloutStages, Protocol):
+    """Stages whose run can begin before its runtime exists (optional).
+
+    The first generation of a rollout reads only the task's prompt: no tool output yet, so no
+    runtime. `first_turn` does that work; the `pipeline` and `auto` dispatchers start it beside
+    `init` (at init start, inside the rollout's runtime slot) and hand its result to `run` as
+    `head`, so the sandbox start and the first generation overlap instead of following each
+    other. `run` must accept `head=None` (no head start: paused, or the strategy has none).
+    """
+
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> object:
+        """The run stage's work that needs no runtime (the first generation). Raises like `run`:
+        `EngineError` is an infrastructure failure of the attempt. Cancelled when init fails."""
+        ...
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        """The agent loop, continuing from `head` (what `first_turn` returned) when given."""
         ...
