@@ -41,6 +41,10 @@ FAST = SweSimWorkload(
 )
 
 
+# rollouts whose first turn ran beside init, per executor kind (both must start some)
+FIRST_TURNS: dict[str, int] = {}
+
+
 async def _statuses(executor: Executor, seed: int) -> Counter[tuple[str, int, str, int]]:
     engine = SimEngine(FAST, occupancy_reference=4)
     engine.start()
@@ -55,12 +59,11 @@ async def _statuses(executor: Executor, seed: int) -> Counter[tuple[str, int, st
         max_infra_retries=2,
     )
     dispatcher = make_dispatcher(settings, env, executor=executor, engine=engine)
+    records = [t async for t in dispatcher.rollouts(env.tasks(), FAST.samples_per_task)]
     out = Counter(
-        [
-            (t.task_id, t.sample_index, str(t.status), t.counters["infra_retries"])
-            async for t in dispatcher.rollouts(env.tasks(), FAST.samples_per_task)
-        ]
+        (t.task_id, t.sample_index, str(t.status), t.counters["infra_retries"]) for t in records
     )
+    FIRST_TURNS[type(executor).__name__] = sum("head_start" in t.timings for t in records)
     await engine.close()
     assert dispatcher.peak_live_runtimes <= 6
     return out
@@ -113,6 +116,8 @@ def test_ray_executor_matches_asyncio() -> None:
         remote = asyncio.run(_statuses(RayExecutor(resources={"sandbox": 1}), seed))
         assert sum(local.values()) == FAST.trajectories
         assert remote == local
+        # the pipeline started first turns beside inits on both (Ray: in this process)
+        assert FIRST_TURNS["AsyncioExecutor"] > 0 and FIRST_TURNS["RayExecutor"] > 0
         statuses = Counter(key[2] for key in local.elements())
         assert len(statuses) >= 2  # faults really happened
 

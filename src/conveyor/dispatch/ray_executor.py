@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.engines.base import EngineError
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.types import Task, Trajectory
@@ -156,6 +156,25 @@ class RayStages:
         return scored
 
 
+class RayFirstTurnStages(RayStages):
+    """`RayStages` for inner stages with a `first_turn`: it runs here, beside the engine client
+    (it needs no runtime), and the run stage continues from it."""
+
+    def __init__(self, inner: FirstTurnStages, actor_options: dict[str, Any]) -> None:
+        super().__init__(inner, actor_options)
+        self._first = inner
+
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> object:
+        """The inner stages' first turn, in this process."""
+        return await self._first.first_turn(task, sample_index, attempt)
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        """The agent loop from `head`; its tool calls go to the runtime's actor."""
+        return await self._first.run(task, sample_index, runtime, head=head)
+
+
 class RayExecutor:
     """Places every runtime in a Ray actor with `resources` (default `{"sandbox": 1}`).
 
@@ -178,4 +197,6 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=self.address)
         options = {"resources": self.resources, "num_cpus": self.num_cpus, "max_restarts": 0}
+        if isinstance(stages, FirstTurnStages):
+            return RayFirstTurnStages(stages, options)
         return RayStages(stages, options)
