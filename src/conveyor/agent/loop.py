@@ -94,14 +94,22 @@ class AgentLoop:
             session_id=session,
         )
 
+    def _over_budget(self, prompt: list[int]) -> str | None:
+        """The length budget a prompt leaves no room under (the stop reason), or None."""
+        if len(prompt) > self.agent.max_prompt_tokens:
+            return "max_prompt_tokens"
+        if len(prompt) >= self.agent.max_context_tokens:
+            return "max_context_tokens"
+        return None
+
     async def first_turn(self, task: Task, sample_index: int) -> FirstTurn | None:
         """The rollout's first generation, which reads only the task's prompt and so needs no
         runtime: the dispatcher starts it beside the runtime's set-up and `run` continues from
         it. None where the prompt alone exceeds a budget (`run` then ends the rollout itself)."""
         prompt = TokenLedger(self.renderer).start(task.prompt)
-        room = self.agent.max_context_tokens - len(prompt)
-        if len(prompt) > self.agent.max_prompt_tokens or room <= 0:
+        if self._over_budget(prompt) is not None:
             return None
+        room = self.agent.max_context_tokens - len(prompt)
         asked = time.monotonic()
         result = await self.client.sample(
             self._request(prompt, f"{task.id}/{sample_index}", 0, room)
@@ -167,13 +175,11 @@ class AgentLoop:
         previous_action: str | None = None
         session = f"{task.id}/{sample_index}"
         for turn_index in range(cfg.max_turns):
-            if len(prompt) > cfg.max_prompt_tokens:
-                state.status, state.stop_reason = Status.TRUNCATED, "max_prompt_tokens"
+            over = self._over_budget(prompt)
+            if over is not None:
+                state.status, state.stop_reason = Status.TRUNCATED, over
                 return
             room = cfg.max_context_tokens - len(prompt)
-            if room <= 0:
-                state.status, state.stop_reason = Status.TRUNCATED, "max_context_tokens"
-                return
             if state.policy_time() > self.rollout_timeout_s:
                 state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
                 return

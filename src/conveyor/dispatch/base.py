@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, Protocol
@@ -521,23 +521,10 @@ class Dispatcher:
         """Cancel every task this dispatcher started and close every runtime still open."""
         if self.telemetry is not None:
             self.telemetry.sample(self.now(), self._snapshot())
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except BaseException:  # cancelled, or its crash was already reported
-                pass
+        # a crash was already reported; a first turn's failure has nobody left to run it
+        await _cancel_and_wait(self._tasks)
         self._tasks.clear()
-        heads = list(self._heads)
-        for head in heads:
-            head.cancel()
-        for head in heads:
-            try:
-                await head
-            except BaseException:  # cancelled, or failed with nobody left to run it
-                pass
+        await _cancel_and_wait(self._heads)
         for runtime in list(self._open.values()):
             try:
                 await runtime.close()
@@ -545,3 +532,15 @@ class Dispatcher:
                 logger.warning("closing a runtime at shutdown failed", exc_info=True)
             self._release_live()
         self._open.clear()
+
+
+async def _cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task, then wait for each to end, whatever it ends with."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        try:
+            await task
+        except BaseException:  # cancelled, or failed: the caller has accounted for it
+            pass
