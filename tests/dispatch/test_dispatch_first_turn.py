@@ -26,9 +26,10 @@ WORKLOAD = SweSimWorkload(
 )
 
 
-async def _run(
+def _make(
     workload: SweSimWorkload, strategy: str, **knobs: Any
-) -> tuple[list[Trajectory], SimEnvironment, SimEngine, Dispatcher]:
+) -> tuple[SimEngine, SimEnvironment, Dispatcher]:
+    """A started engine, the seeded stages and a dispatcher (`knobs` override the settings)."""
     engine = SimEngine(workload, occupancy_reference=8)
     engine.start()
     env = SimEnvironment(workload, 5, engine)
@@ -44,7 +45,13 @@ async def _run(
             **knobs,
         }
     )
-    dispatcher = make_dispatcher(settings, env, engine=engine)
+    return engine, env, make_dispatcher(settings, env, engine=engine)
+
+
+async def _run(
+    workload: SweSimWorkload, strategy: str, **knobs: Any
+) -> tuple[list[Trajectory], SimEnvironment, SimEngine, Dispatcher]:
+    engine, env, dispatcher = _make(workload, strategy, **knobs)
     out = [t async for t in dispatcher.rollouts(env.tasks(), workload.samples_per_task)]
     await engine.close()
     return out, env, engine, dispatcher
@@ -105,13 +112,7 @@ def test_first_turns_only_take_free_run_pool_places() -> None:
     the engine never holds more than 2 of our requests."""
 
     async def scenario() -> tuple[int, list[Trajectory]]:
-        engine = SimEngine(WORKLOAD, occupancy_reference=8)
-        engine.start()
-        env = SimEnvironment(WORKLOAD, 5, engine)
-        settings = DispatchSettings(
-            strategy="pipeline", p_init=4, p_run=2, p_reward=2, max_live_runtimes=12
-        )
-        dispatcher = make_dispatcher(settings, env, engine=engine)
+        engine, env, dispatcher = _make(WORKLOAD, "pipeline", p_init=4, p_run=2, p_reward=2)
         peak = 0
 
         async def watch() -> None:
@@ -134,13 +135,7 @@ def test_first_turns_only_take_free_run_pool_places() -> None:
 
 def test_no_first_turn_starts_while_paused_and_drain_waits_for_them() -> None:
     async def scenario() -> tuple[list[Trajectory], float, float, int]:
-        engine = SimEngine(WORKLOAD, occupancy_reference=8)
-        engine.start()
-        env = SimEnvironment(WORKLOAD, 5, engine)
-        settings = DispatchSettings(
-            strategy="pipeline", p_init=4, p_run=12, p_reward=4, max_live_runtimes=12
-        )
-        dispatcher = make_dispatcher(settings, env, engine=engine)
+        engine, env, dispatcher = _make(WORKLOAD, "pipeline", p_init=4, p_run=12, p_reward=4)
         out: list[Trajectory] = []
 
         async def consume() -> None:
