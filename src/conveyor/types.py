@@ -27,6 +27,12 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
 
+class TaskDefect(RuntimeError):
+    """The task itself is broken (e.g. its hidden test patch does not apply): neither the policy's
+    result nor a passing infrastructure fault. Never scored, never retried: the dispatcher stops
+    with this error so the broken instance is fixed, not trained on."""
+
+
 class Status(StrEnum):
     """How a rollout ended, and so who owns the outcome.
 

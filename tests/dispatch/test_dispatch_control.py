@@ -21,7 +21,7 @@ from conveyor.dispatch import (
 )
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.runtime.base import Runtime
-from conveyor.types import Status, Task, Trajectory
+from conveyor.types import Status, Task, TaskDefect, Trajectory
 
 SMALL = SweSimWorkload(
     tasks=8, samples_per_task=4, turns_min=3, turns_max=6, max_live_runtimes=12, cpu_slots=4
@@ -212,3 +212,45 @@ def test_virtual_loop_jumps_and_detects_deadlock() -> None:
 
     with pytest.raises(RuntimeError, match="deadlocked"):
         run_virtual(deadlock(), idle_wall_s=0.05)
+
+
+class _DefectiveTask(_Broken):
+    """Stages whose reward finds the task itself broken (its hidden tests do not apply)."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__()
+        self.stage = stage
+        self.rewards = 0
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        if self.stage == "init" and task.id.endswith("1"):
+            raise TaskDefect(f"{task.id}: broken set-up")
+        return await SimEnvironment(SMALL, 0).init(task, sample_index, attempt)
+
+    async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
+        return Trajectory(task_id=task.id, sample_index=sample_index)
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        self.rewards += 1
+        if self.stage == "reward" and task.id.endswith("1"):
+            raise TaskDefect(f"{task.id}: hidden test patch does not apply")
+        return trajectory.model_copy(update={"reward": 1.0})
+
+
+@pytest.mark.parametrize("stage", ["init", "reward"])
+@pytest.mark.parametrize("strategy", ["batch", "pipeline"])
+def test_a_task_defect_stops_the_run_with_its_message_never_retried_or_scored(
+    strategy: str, stage: str
+) -> None:
+    stages = _DefectiveTask(stage)
+    seen: list[Trajectory] = []
+
+    async def scenario() -> None:
+        dispatcher = make_dispatcher(_settings(strategy, max_infra_retries=2), stages)
+        async for trajectory in dispatcher.rollouts(SimEnvironment(SMALL, 0).tasks(3), 2):
+            seen.append(trajectory)
+
+    with pytest.raises(TaskDefect, match="swe-sim-00001"):
+        run_virtual(scenario())
+    # not an infra error to retry, and never a scored record of the broken task
+    assert not any(t.task_id == "swe-sim-00001" for t in seen)

@@ -26,7 +26,7 @@ from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.runtime.base import Runtime
-from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
+from conveyor.types import Status, Task, TaskDefect, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,8 @@ class Dispatcher:
             while self._emitted < self._total or not self._out.empty():
                 item = await self._out.get()
                 if isinstance(item, _Crash):
+                    if isinstance(item.error, TaskDefect):
+                        raise item.error  # the task's own message, not a generic crash
                     raise RuntimeError("dispatcher failed") from item.error
                 yield item
                 if self._emitted >= self._total and self._out.empty():
@@ -271,6 +273,8 @@ class Dispatcher:
                     runtime = await self.stages.init(job.task, job.sample_index, job.attempt)
             except TimeoutError as error:
                 raise _InfraFault(self._describe("init", error, timeout.expired())) from error
+            except TaskDefect:
+                raise
             except Exception as error:
                 raise _InfraFault(self._describe("init", error, False)) from error
             finally:
@@ -306,6 +310,8 @@ class Dispatcher:
                 stop_reason="run_timeout",
                 error=f"run stage exceeded {self.settings.run_timeout_s:g}s",
             )
+        except TaskDefect:
+            raise
         except Exception as error:
             raise _InfraFault(self._describe("run", error, False)) from error
         finally:
@@ -327,6 +333,8 @@ class Dispatcher:
                 job.trajectory = await self.stages.reward(job.task, job.trajectory, job.runtime)
         except TimeoutError as error:
             raise _InfraFault(self._describe("reward", error, timeout.expired())) from error
+        except TaskDefect:
+            raise
         except Exception as error:
             raise _InfraFault(self._describe("reward", error, False)) from error
         finally:
