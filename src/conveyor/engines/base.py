@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.types import FinishReason, TokenIds
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class EngineError(RuntimeError):
@@ -62,4 +66,83 @@ class SamplingClient(Protocol):
 
     async def close(self) -> None:
         """Release the engine; idempotent."""
+        ...
+
+
+class WeightFingerprint(BaseModel):
+    """What weights a model holds, in a form both sides of a weight sync can compute.
+
+    - `digests`: blake2b of the raw bytes of named tensors in the dtype the engine holds them in
+      (`tensor_digest`; `dtypes` and `shapes` say which), for the tensors the engine keeps
+      readable after loading (a serving engine may re-pack the rest into an opaque layout).
+    - `probe_logprobs`: the logprob of every token of a fixed probe sequence given its prefix,
+      at temperature 1 (position 0 has no prefix and holds 0.0): the function actually served.
+
+    `conveyor.trainer.weight_sync` compares an engine's fingerprint with the trainer's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy_version: int
+    digests: dict[str, str] = Field(default_factory=dict)
+    dtypes: dict[str, str] = Field(default_factory=dict)
+    shapes: dict[str, list[int]] = Field(default_factory=dict)
+    probe_logprobs: list[float] = Field(default_factory=list)
+
+
+def tensor_digest(tensor: Tensor, dtype: str) -> str:
+    """Hex blake2b (16 bytes) of `tensor`'s values cast to the torch dtype named `dtype`.
+
+    Exact on purpose: the engine and the trainer must hold bit-identical values after a sync
+    (casting float32 to the engine's dtype is deterministic on both sides).
+    """
+    import hashlib
+
+    import torch
+
+    values = tensor.detach().to(dtype=getattr(torch, dtype)).contiguous().cpu()
+    return hashlib.blake2b(values.view(torch.uint8).numpy().tobytes(), digest_size=16).hexdigest()
+
+
+def readable_fingerprint(named: Iterable[tuple[str, Tensor]], version: int) -> WeightFingerprint:
+    """Digests of the token embedding and of every 1-D tensor (norms, biases) of `named` that
+    reads back non-empty; no probe.
+
+    The vLLM CPU backend's packed Linear weights read back empty; fused tensors (vLLM's
+    qkv_proj) have no trainer-side name and drop out of the comparison there.
+    """
+    digests: dict[str, str] = {}
+    dtypes: dict[str, str] = {}
+    shapes: dict[str, list[int]] = {}
+    for name, tensor in named:
+        if tensor.numel() and (tensor.dim() == 1 or "embed_tokens" in name):
+            dtypes[name] = str(tensor.dtype).removeprefix("torch.")
+            digests[name] = tensor_digest(tensor, dtypes[name])
+            shapes[name] = list(tensor.shape)
+    return WeightFingerprint(policy_version=version, digests=digests, dtypes=dtypes, shapes=shapes)
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """An engine whose weights a trainer replaces in place and can then verify."""
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now being sampled from."""
+        ...
+
+    async def update_weights(
+        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+    ) -> float:
+        """Load full weights under Hugging Face names; `version` is the one they carry.
+
+        Returns the seconds taken.
+        """
+        ...
+
+    async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
+        """The fingerprint of the weights being served now, probed with `probe_ids`.
+
+        Taken after every update queued before it has been applied.
+        """
         ...

@@ -10,17 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.engines.base import EngineError, SampleRequest, SampleResult
+from conveyor.engines.base import (
+    EngineError,
+    SampleRequest,
+    SampleResult,
+    WeightFingerprint,
+    readable_fingerprint,
+)
 
 
 class HFEngine:
     """`SamplingClient` over a transformers causal LM on the CPU (or one GPU)."""
 
-    def __init__(self, model_dir: str | Path, *, eos_token_id: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        eos_token_id: int | None = None,
+        request_timeout_s: float | None = None,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -29,6 +42,7 @@ class HFEngine:
         self.model.eval()
         config_eos = self.model.config.eos_token_id
         self.eos_token_id = eos_token_id if eos_token_id is not None else config_eos
+        self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
         self._version = 0
         self._in_flight = 0
@@ -44,16 +58,33 @@ class HFEngine:
         return self._version
 
     async def sample(self, request: SampleRequest) -> SampleResult:
-        """Sample one completion (ancestral sampling; temperature 0 is greedy)."""
+        """Sample one completion (ancestral sampling; temperature 0 is greedy).
+
+        Past `request_timeout_s` (waiting for the model included) the request stops between
+        two tokens and raises `EngineError`, like every engine's request deadline.
+        """
+        timeout = self.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._in_flight += 1
         try:
-            return await asyncio.to_thread(self._sample, request)
+            return await asyncio.to_thread(self._sample, request, deadline)
+        except TimeoutError as exc:
+            raise EngineError(f"HF sampler did not answer within {timeout} s") from exc
         except (RuntimeError, ValueError) as exc:
             raise EngineError(f"HF sampler failed: {exc}") from exc
         finally:
             self._in_flight -= 1
 
-    def _sample(self, request: SampleRequest) -> SampleResult:
+    def _sample(self, request: SampleRequest, deadline: float | None) -> SampleResult:
+        wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not self._lock.acquire(timeout=wait):
+            raise TimeoutError
+        try:
+            return self._generate(request, deadline)
+        finally:
+            self._lock.release()
+
+    def _generate(self, request: SampleRequest, deadline: float | None) -> SampleResult:
         torch = self._torch
         stops = set(request.stop_token_ids)
         if self.eos_token_id is not None:
@@ -61,12 +92,14 @@ class HFEngine:
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
         ids: list[int] = []
         logprobs: list[float] = []
-        with self._lock, torch.no_grad():
+        with torch.no_grad():
             version = self._version
             inputs = torch.tensor([request.prompt_ids])
             past: Any = None
             reason = "length"
             for _ in range(request.max_tokens):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError
                 out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()
@@ -107,6 +140,22 @@ class HFEngine:
 
         await asyncio.to_thread(load)
         return time.perf_counter() - start
+
+    async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
+        """Digests of the embedding and 1-D tensors, and the prompt logprobs of `probe_ids`."""
+        if len(probe_ids) < 2:
+            raise ValueError("a weight probe needs at least two tokens")
+
+        def read() -> WeightFingerprint:
+            torch = self._torch
+            with self._lock, torch.no_grad():
+                weights = readable_fingerprint(self.model.named_parameters(), self._version)
+                ids = torch.tensor([list(probe_ids)])
+                logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), -1)
+                probe = logp.gather(-1, ids[0, 1:, None])[:, 0]
+            return weights.model_copy(update={"probe_logprobs": [0.0, *probe.tolist()]})
+
+        return await asyncio.to_thread(read)
 
     async def close(self) -> None:
         """Nothing to release beyond the model object."""

@@ -7,6 +7,14 @@ continuous batching serves every concurrent rollout while the asyncio loop stays
 Weight updates happen in place: `model_runner.reload_weights(weights_iterator=...)` re-runs vLLM's
 weight loading and the CPU backend's GEMM re-packing on the live model (loading into the packed
 parameters directly fails: they are emptied after packing). About 0.7 s for the 135M model here.
+`weight_fingerprint` reports what the engine then serves (see `conveyor.trainer.weight_sync`):
+digests of the tensors vLLM keeps readable (on CPU: the embedding and the norms; the packed
+Linear weights read back as empty tensors) and the prompt logprobs of a probe sequence.
+
+Logprobs are `processed_logprobs`: those of the distribution the token was sampled from, after
+temperature (and top-p/top-k, which the built-in trainer does not apply: keep top_p at 1 for
+training). vLLM's default, `raw_logprobs`, reports the temperature-1 distribution whatever the
+sampling temperature, which is not what the trainer's logits / temperature compute.
 """
 
 from __future__ import annotations
@@ -18,13 +26,22 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from conveyor.engines.base import EngineError, SampleRequest, SampleResult
+from conveyor.engines.base import (
+    EngineError,
+    SampleRequest,
+    SampleResult,
+    WeightFingerprint,
+    readable_fingerprint,
+)
+
+# Turns a finished vLLM request output and the policy version it ran under into a result.
+_Convert = Callable[[Any, int], Any]
 
 
 class VLLMEngine:
@@ -62,13 +79,16 @@ class VLLMEngine:
                 max_num_seqs=max_num_seqs,
                 seed=seed,
                 enforce_eager=True,
+                logprobs_mode="processed_logprobs",
                 **kwargs,
             )
         self._engine = self._llm.llm_engine
         self.max_model_len = max_model_len
         self.request_timeout_s = request_timeout_s
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
-        self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = {}
+        self._waiters: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int, _Convert]
+        ] = {}
         self._ids = itertools.count()
         self._version = 0
         self._in_flight = 0
@@ -117,36 +137,24 @@ class VLLMEngine:
         waiter = self._waiters.pop(output.request_id, None)
         if waiter is None:
             return
-        loop, future, version = waiter
-        completion = output.outputs[0]
-        ids = list(completion.token_ids)
-        logprobs = [
-            float(position[token].logprob)
-            for position, token in zip(completion.logprobs or [], ids, strict=True)
-        ]
-        reason = (
-            completion.finish_reason
-            if completion.finish_reason in ("stop", "length")
-            else ("abort")
-        )
-        result = SampleResult(
-            token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
-        )
+        loop, future, version, convert = waiter
+        try:
+            result = convert(output, version)
+        except Exception as exc:  # a malformed output fails its request, not the engine
+            loop.call_soon_threadsafe(_set_exception, future, EngineError(f"bad output: {exc}"))
+            return
         loop.call_soon_threadsafe(_set_result, future, result)
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
         waiter = self._waiters.pop(request_id, None)
         if waiter is not None:
-            loop, future, _ = waiter
+            loop, future = waiter[0], waiter[1]
             loop.call_soon_threadsafe(_set_exception, future, exc)
 
     # --- protocol --------------------------------------------------------------------------
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Generate one completion; the engine's own logprob of every sampled token comes back."""
-        if self._closed or self._failure is not None:
-            raise EngineError(f"vLLM engine is not running ({self._failure!r})")
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = SamplingParams(
             max_tokens=request.max_tokens,
@@ -158,13 +166,26 @@ class VLLMEngine:
             skip_special_tokens=False,
         )
         request_id = f"{request.session_id or 'r'}-{next(self._ids)}"
+        result: SampleResult = await self._submit(
+            request_id, request.prompt_ids, params, _sample_result
+        )
+        return result
+
+    async def _submit(
+        self, request_id: str, prompt_ids: Sequence[int], params: Any, convert: _Convert
+    ) -> Any:
+        """Queue one request to the engine thread and wait (bounded) for its converted output."""
+        if self._closed or self._failure is not None:
+            raise EngineError(f"vLLM engine is not running ({self._failure!r})")
+        from vllm.inputs import TokensPrompt
+
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[SampleResult] = loop.create_future()
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        future: asyncio.Future[Any] = loop.create_future()
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
 
         def add() -> None:
             try:
-                self._waiters[request_id] = (loop, future, self._version)
+                self._waiters[request_id] = (loop, future, self._version, convert)
                 self._engine.add_request(request_id, prompt, params)
             except Exception as exc:  # a bad request (too long ...) fails only itself
                 self._fail(request_id, EngineError(f"vLLM refused the request: {exc}"))
@@ -215,6 +236,33 @@ class VLLMEngine:
         self._commands.put(apply)
         return await asyncio.wrap_future(done)
 
+    async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
+        """Digests of the readable weights and the prompt logprobs of `probe_ids`, as served now.
+
+        Queued behind every earlier update, so it describes the weights those updates loaded.
+        """
+        from vllm import SamplingParams
+
+        if len(probe_ids) < 2:
+            raise ValueError("a weight probe needs at least two tokens")
+        done: Future[WeightFingerprint] = Future()
+
+        def read() -> None:
+            try:
+                model = self._engine.model_executor.driver_worker.worker.model_runner.model
+                done.set_result(readable_fingerprint(model.named_parameters(), self._version))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self._commands.put(read)
+        weights = await asyncio.wrap_future(done)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        probe = list(probe_ids)
+        logprobs: list[float] = await self._submit(
+            f"weight-probe-{next(self._ids)}", probe, params, _prompt_logprobs(probe)
+        )
+        return weights.model_copy(update={"probe_logprobs": logprobs})
+
     async def close(self) -> None:
         """Stop the engine thread; idempotent."""
         if self._closed:
@@ -241,6 +289,30 @@ def _kernel_scan_safe() -> Iterator[None]:
         yield
     finally:
         sys.modules.update(hidden)
+
+
+def _sample_result(output: Any, version: int) -> SampleResult:
+    completion = output.outputs[0]
+    ids = list(completion.token_ids)
+    logprobs = [
+        float(position[token].logprob)
+        for position, token in zip(completion.logprobs or [], ids, strict=True)
+    ]
+    reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+    return SampleResult(
+        token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
+    )
+
+
+def _prompt_logprobs(probe: list[int]) -> _Convert:
+    def convert(output: Any, _version: int) -> list[float]:
+        positions = output.prompt_logprobs or []
+        if len(positions) != len(probe):
+            raise ValueError(f"{len(positions)} prompt logprobs for {len(probe)} probe tokens")
+        pairs = zip(positions[1:], probe[1:], strict=True)
+        return [0.0] + [float(at[token].logprob) for at, token in pairs]
+
+    return convert
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

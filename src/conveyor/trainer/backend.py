@@ -21,6 +21,8 @@ from conveyor.types import TrainingSample
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from conveyor.engines.base import WeightFingerprint
+
 
 @dataclass(frozen=True)
 class TrainBatch:
@@ -166,6 +168,19 @@ class TrainingBackend(Protocol):
 
     def load(self, path: Path) -> None:
         """Restore the state written by `save`, so the next `step` is the one that followed."""
+        ...
+
+
+@runtime_checkable
+class FingerprintedBackend(Protocol):
+    """A backend that can say what an engine loaded with its `export_weights` must serve."""
+
+    def weight_fingerprint(
+        self, like: WeightFingerprint, probe_ids: Sequence[int]
+    ) -> WeightFingerprint:
+        """Digests of the exported tensors `like` names, in the dtypes `like` holds them in
+        (names this backend does not export are left out), and the temperature-1 logprobs of
+        every token of `probe_ids` (position 0: 0.0). See `conveyor.trainer.weight_sync`."""
         ...
 
 

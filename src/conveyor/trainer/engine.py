@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from conveyor.engines.base import WeightFingerprint, tensor_digest
 from conveyor.trainer import checkpoint
 from conveyor.trainer.backend import StepResult, TrainBatch
 from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
@@ -304,6 +305,41 @@ class TorchTrainingEngine:
             return
         for name, tensor in self.model.state_dict().items():
             yield name, full_tensor(tensor).detach()
+
+    def weight_fingerprint(
+        self, like: WeightFingerprint, probe_ids: Sequence[int]
+    ) -> WeightFingerprint:
+        """The fingerprint an engine holding exactly `export_weights()` would report as `like`.
+
+        Digests of the exported tensors `like` names, cast to the dtype it holds them in (names
+        this model does not export are left out), and the temperature-1 logprobs of
+        `probe_ids`. Collective under FSDP.
+        """
+        wanted = set(like.digests)
+        digests: dict[str, str] = {}
+        shapes: dict[str, list[int]] = {}
+        dtypes: dict[str, str] = {}
+        for name, tensor in self.export_weights():
+            if name in wanted:
+                dtypes[name] = like.dtypes.get(name, "float32")
+                digests[name] = tensor_digest(tensor, dtypes[name])
+                shapes[name] = list(tensor.shape)
+        ids = torch.tensor([list(probe_ids)], device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, use_cache=False).logits
+                probe = token_logprobs(logits, ids)[0].cpu().tolist()
+        finally:
+            self.model.train(was_training)
+        return WeightFingerprint(
+            policy_version=self._version,
+            digests=digests,
+            dtypes=dtypes,
+            shapes=shapes,
+            probe_logprobs=probe,
+        )
 
     def save(self, path: Path) -> None:
         """Model (or adapter) safetensors, optimizer, scheduler and counters into `path`."""
