@@ -62,7 +62,7 @@ def test_matching_fingerprints_pass_and_each_difference_is_named() -> None:
 
 def test_probe_tolerance_follows_the_engine_dtype_unless_given() -> None:
     served = fingerprint(probe_logprobs=[0.0, -1.01, -2.0])
-    with pytest.raises(WeightSyncError, match="tolerance 0.0005"):
+    with pytest.raises(WeightSyncError, match=r"tolerance 0\.0005"):
         check_fingerprint(served, fingerprint(), 3)
     check_fingerprint(served, fingerprint(), 3, tolerance=0.02)
     bf16 = {"a": "bfloat16", "b": "float32"}
@@ -122,12 +122,12 @@ def rollout_batch(engine: Any, tokenizer: Any) -> TrainBatch:
     )
     prompt = tokenizer.encode(text, add_special_tokens=False)
 
-    async def sample(seed: int) -> Any:
+    async def answer(seed: int) -> Any:
         request = SampleRequest(prompt_ids=prompt, max_tokens=24, temperature=1.0, seed=seed)
         return await engine.sample(request)
 
     async def go() -> list[Any]:
-        return list(await asyncio.gather(*(sample(seed) for seed in range(4))))
+        return list(await asyncio.gather(*(answer(seed) for seed in range(4))))
 
     items = []
     for seed, result in enumerate(asyncio.run(go())):
