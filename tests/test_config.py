@@ -285,3 +285,84 @@ def test_import_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+# --- deadlines and bounds, checked at start (issue 14) ---------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_passes_the_start_check(path: Path) -> None:
+    load_config(path)
+
+
+def test_settings_that_cannot_work_are_refused_in_one_message_naming_every_key() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            None,
+            [
+                "tasks.families=[swe]",
+                "dispatch.p_run=16",
+                "dispatch.max_live_runtimes=8",
+                "agent.tool_timeout_s=700",
+                "agent.rollout_timeout_s=600",
+                "dispatch.reward_timeout_s=900",
+            ],
+        )
+    message = str(caught.value)
+    for fragment in (
+        "dispatch.max_live_runtimes (8) is below the run pool dispatch.p_run (16)",
+        "agent.tool_timeout_s (700) exceeds agent.rollout_timeout_s (600)",
+        # the swe grader's pytest run (900 s) plus its set-up: the policy's slow tests must be
+        # scored, not turned into a retried infrastructure error by the dispatcher's deadline
+        "dispatch.reward_timeout_s (900) is below the 'swe' family's grading budget (960 s)",
+        "dispatch.max_live_runtimes from --set",
+        "dispatch.reward_timeout_s from --set",
+    ):
+        assert fragment in message, message
+    assert message.count("invalid config") == 1
+
+
+def test_each_bound_alone_is_refused_and_the_edge_is_accepted() -> None:
+    with pytest.raises(ConfigError, match=r"dispatch\.max_parallel \(32\) of strategy 'batch'"):
+        load_config(
+            None,
+            [
+                "dispatch.strategy=batch",
+                "dispatch.max_live_runtimes=31",
+                "dispatch.max_parallel=32",
+            ],
+        )
+    load_config(
+        None,
+        [
+            "dispatch.strategy=batch",
+            "dispatch.max_live_runtimes=32",
+            "dispatch.max_parallel=32",
+            "dispatch.p_run=96",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"dispatch\.p_run \(96\)"):
+        load_config(None, ["dispatch.max_live_runtimes=95"])
+    load_config(None, ["dispatch.max_live_runtimes=96"])
+    with pytest.raises(ConfigError, match=r"agent\.tool_timeout_s \(31\)"):
+        load_config(None, ["agent.rollout_timeout_s=30", "agent.tool_timeout_s=31"])
+    load_config(None, ["agent.rollout_timeout_s=30", "agent.tool_timeout_s=30"])
+    with pytest.raises(ConfigError, match=r"grading budget \(960 s\)"):
+        load_config(None, ["tasks.families=[swe]", "dispatch.reward_timeout_s=959"])
+    load_config(None, ["tasks.families=[swe]", "dispatch.reward_timeout_s=960"])
+    # families without a grading budget score fast: any reward timeout goes
+    load_config(None, ["dispatch.reward_timeout_s=1"])
+
+
+def test_the_dispatchers_run_deadline_covers_every_engine_request_and_the_last_tool_call() -> None:
+    from conveyor.dispatch.config import DispatchSettings
+
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        config = load_config(path).config
+        agent = config.agent
+        floor = (
+            agent.rollout_timeout_s
+            + agent.tool_timeout_s
+            + agent.max_turns * config.engine.request_timeout_s
+        )
+        assert DispatchSettings.from_config(config).run_timeout_s > floor, path.name

@@ -406,6 +406,75 @@ class ConveyorConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="The RL loop.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The trainer.")
 
+    @model_validator(mode="after")
+    def _deadlines_and_bounds_fit(self) -> Self:
+        """Refuse settings whose budgets cannot all hold, naming every offending key."""
+        problems = [*_pool_problems(self.dispatch), *_budget_problems(self)]
+        if problems:
+            raise ValueError(
+                "settings that cannot work together: " + "; ".join(problems) + " (checked at "
+                "start so a run does not find out hours in)"
+            )
+        return self
+
+
+# Workspace copy, patch application and sandbox start around a grader's test run (seconds).
+GRADING_SETUP_S = 60.0
+
+
+def _pool_problems(dispatch: DispatchConfig) -> list[str]:
+    """R must admit the strategy's whole run pool, or part of the pool can never run."""
+    key = "p_run" if dispatch.strategy in ("pipeline", "auto") else "max_parallel"
+    pool = getattr(dispatch, key)
+    if dispatch.max_live_runtimes >= pool:
+        return []
+    return [
+        f"dispatch.max_live_runtimes ({dispatch.max_live_runtimes}) is below the run pool "
+        f"dispatch.{key} ({pool}) of strategy '{dispatch.strategy}': every rollout in the run "
+        "stage holds a runtime, so raise R or lower the pool"
+    ]
+
+
+def _budget_problems(config: "ConveyorConfig") -> list[str]:
+    agent, dispatch = config.agent, config.dispatch
+    problems = []
+    if agent.tool_timeout_s > agent.rollout_timeout_s:
+        problems.append(
+            f"agent.tool_timeout_s ({agent.tool_timeout_s:g}) exceeds agent.rollout_timeout_s "
+            f"({agent.rollout_timeout_s:g}): one tool call may outlast the whole rollout"
+        )
+    for name in config.tasks.families:
+        budget = _reward_budget_s(name)
+        if budget is not None and dispatch.reward_timeout_s < budget:
+            problems.append(
+                f"dispatch.reward_timeout_s ({dispatch.reward_timeout_s:g}) is below the "
+                f"'{name}' family's grading budget ({budget:g} s): a slow test run the policy "
+                "caused would end as an infrastructure error, retried and never scored"
+            )
+    return problems
+
+
+def _reward_budget_s(family_name: str) -> float | None:
+    """The longest a family's `score` may legitimately take, when the family says so.
+
+    A family states it as `reward_budget_s`; a grader that runs a test suite under
+    `grading.run_timeout_s` (the swe family's `GradingOptions`) needs that plus set-up.
+    """
+    # imported here: families live above the config layer; the registry imports stay light
+    from conveyor.tasks.family import get_family
+
+    try:
+        family = get_family(family_name)
+    except KeyError:
+        return None  # unknown names are reported where the families are built
+    budget = getattr(family, "reward_budget_s", None)
+    if isinstance(budget, int | float):
+        return float(budget)
+    run_timeout = getattr(getattr(family, "grading", None), "run_timeout_s", None)
+    if isinstance(run_timeout, int | float):
+        return float(run_timeout) + GRADING_SETUP_S
+    return None
+
 
 @dataclass(frozen=True)
 class ResolvedConfig:
@@ -632,11 +701,14 @@ def _validation_error(error: ValidationError, sources: dict[str, str]) -> Config
                 f"config key '{shown}' has the invalid value {detail['input']!r} (from "
                 f"{sources[leaf]}): {message} (expected {_describe(_LEAVES[leaf])})"
             )
+        elif not leaf:  # a check across sections: its message names the keys it is about
+            named = [f"{key} from {sources[key]}" for key in _LEAVES if f"{key} (" in message]
+            problems.append(f"invalid config ({', '.join(named)}): {message}")
         else:  # a check across several keys of one section
             changed = [
                 f"{key} from {origin}"
                 for key, origin in sources.items()
-                if origin != "default" and (key.startswith(f"{leaf}.") or not leaf)
+                if origin != "default" and key.startswith(f"{leaf}.")
             ]
             where = f"config section '{leaf}'" if leaf else "config"
             origins = ", ".join(changed) or "all defaults"

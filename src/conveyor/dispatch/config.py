@@ -32,11 +32,13 @@ class DispatchSettings(DispatchConfig):
         that fires only after the agent loop's budget, every turn's engine request timeout and a
         grace period, so the loop's own timeout (which keeps partial turns) comes first."""
         agent = config.agent
-        # The loop's budget excludes engine waits, each bounded by the engine's request timeout.
+        # The loop's budget excludes engine waits, each bounded by the engine's request timeout;
+        # it is checked before each turn, so the last turn's tool call may run past it.
         engine_bound = agent.max_turns * config.engine.request_timeout_s
+        loop_bound = agent.rollout_timeout_s + agent.tool_timeout_s
         return cls(
             **config.dispatch.model_dump(),
-            run_timeout_s=agent.rollout_timeout_s + engine_bound + RUN_TIMEOUT_GRACE_S,
+            run_timeout_s=loop_bound + engine_bound + RUN_TIMEOUT_GRACE_S,
         )
 
     @model_validator(mode="after")
