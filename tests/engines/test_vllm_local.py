@@ -166,3 +166,23 @@ def test_weights_update_in_place_without_restart(
     assert restored.token_ids == before.token_ids
     assert restored.policy_version == version + 2 and changed.policy_version == version + 1
     assert seconds < 60
+
+
+def test_commands_to_a_dead_engine_fail_instead_of_hanging(model_dir: Path) -> None:
+    from conveyor.engines.base import EngineError
+    from conveyor.engines.vllm_local import VLLMEngine
+
+    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
+
+    def crash() -> None:  # the one fake: the engine thread dies between two commands
+        raise SystemExit("engine thread crashed")
+
+    async def go() -> None:
+        engine._commands.put(crash)
+        with pytest.raises(EngineError, match="crashed"):
+            await engine.update_weights([], 1)
+        with pytest.raises(EngineError, match="not running"):
+            await engine.weight_fingerprint([1, 2, 3])
+        await engine.close()
+
+    asyncio.run(go())

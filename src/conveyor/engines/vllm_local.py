@@ -40,6 +40,9 @@ from conveyor.engines.base import (
     readable_fingerprint,
 )
 
+# Seconds between checks that the engine thread still lives while a command waits for it.
+_LIVENESS_POLL_S = 1.0
+
 # Turns a finished vLLM request output and the policy version it ran under into a result.
 _Convert = Callable[[Any, int], Any]
 
@@ -220,21 +223,17 @@ class VLLMEngine:
         Runs between engine steps. Requests already running continue on the new weights; the
         dispatcher drains the run stage first when it wants strictly on-policy samples.
         """
-        done: Future[float] = Future()
 
-        def apply() -> None:
-            try:
-                start = time.perf_counter()
-                runner = self._engine.model_executor.driver_worker.worker.model_runner
-                runner.reload_weights(weights_iterator=iter(weights))
-                self._engine.reset_prefix_cache()
-                self._version = self._version + 1 if version is None else version
-                done.set_result(time.perf_counter() - start)
-            except BaseException as exc:
-                done.set_exception(exc)
+        def apply() -> float:
+            start = time.perf_counter()
+            runner = self._engine.model_executor.driver_worker.worker.model_runner
+            runner.reload_weights(weights_iterator=iter(weights))
+            self._engine.reset_prefix_cache()
+            self._version = self._version + 1 if version is None else version
+            return time.perf_counter() - start
 
-        self._commands.put(apply)
-        return await asyncio.wrap_future(done)
+        seconds: float = await self._call(apply)
+        return seconds
 
     async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
         """Digests of the readable weights and the prompt logprobs of `probe_ids`, as served now.
@@ -245,23 +244,45 @@ class VLLMEngine:
 
         if len(probe_ids) < 2:
             raise ValueError("a weight probe needs at least two tokens")
-        done: Future[WeightFingerprint] = Future()
 
-        def read() -> None:
-            try:
-                model = self._engine.model_executor.driver_worker.worker.model_runner.model
-                done.set_result(readable_fingerprint(model.named_parameters(), self._version))
-            except BaseException as exc:
-                done.set_exception(exc)
+        def read() -> WeightFingerprint:
+            model = self._engine.model_executor.driver_worker.worker.model_runner.model
+            return readable_fingerprint(model.named_parameters(), self._version)
 
-        self._commands.put(read)
-        weights = await asyncio.wrap_future(done)
+        weights: WeightFingerprint = await self._call(read)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         probe = list(probe_ids)
         logprobs: list[float] = await self._submit(
             f"weight-probe-{next(self._ids)}", probe, params, _prompt_logprobs(probe)
         )
         return weights.model_copy(update={"probe_logprobs": logprobs})
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread between two steps and return its result.
+
+        Raises `EngineError` if the engine is not running, or stops before `fn` ran: a command
+        queued to a dead thread would otherwise be waited for forever.
+        """
+        if self._closed or self._failure is not None:
+            raise EngineError(f"vLLM engine is not running ({self._failure!r})")
+        done: Future[Any] = Future()
+
+        def command() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self._commands.put(command)
+        waiting = asyncio.wrap_future(done)
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiting), _LIVENESS_POLL_S)
+            except TimeoutError:
+                if self._failure is not None or not self._thread.is_alive():
+                    raise EngineError(
+                        f"vLLM engine stopped before the command ran ({self._failure!r})"
+                    ) from None
 
     async def close(self) -> None:
         """Stop the engine thread; idempotent."""

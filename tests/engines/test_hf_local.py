@@ -1,0 +1,26 @@
+"""The transformers sampler keeps the engine contract: every request has a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conveyor.engines.base import EngineError, SampleRequest
+from conveyor.engines.hf_local import HFEngine
+
+
+def test_a_request_past_its_deadline_fails_as_an_engine_error(model_dir: Path) -> None:
+    # eos -1: generation never stops by itself, so only the deadline can end the request
+    engine = HFEngine(model_dir, eos_token_id=-1, request_timeout_s=0.3)
+    endless = SampleRequest(prompt_ids=[1, 2, 3], max_tokens=100_000, temperature=1.0, seed=0)
+    with pytest.raises(EngineError, match="did not answer within 0.3 s"):
+        asyncio.run(engine.sample(endless))
+    assert engine.in_flight == 0
+
+    # waiting for the model counts too: a request queued behind a stuck one times out
+    short = SampleRequest(prompt_ids=[1, 2, 3], max_tokens=2, temperature=0.0)
+    with engine._lock, pytest.raises(EngineError, match="did not answer"):
+        asyncio.run(engine.sample(short))
+    assert len(asyncio.run(engine.sample(short)).token_ids) == 2
