@@ -366,3 +366,11 @@ def test_the_dispatchers_run_deadline_covers_every_engine_request_and_the_last_t
             + agent.max_turns * config.engine.request_timeout_s
         )
         assert DispatchSettings.from_config(config).run_timeout_s > floor, path.name
+
+
+def test_weight_probe_tolerance_is_a_config_key_and_must_be_positive() -> None:
+    assert load_config(None).config.engine.weight_probe_tolerance is None  # by engine dtype
+    config = load_config(None, ["engine.weight_probe_tolerance=0.002"]).config
+    assert config.engine.weight_probe_tolerance == 0.002
+    with pytest.raises(ConfigError, match=r"engine\.weight_probe_tolerance.*greater than 0"):
+        load_config(None, ["engine.weight_probe_tolerance=0"])

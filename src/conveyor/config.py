@@ -107,6 +107,14 @@ class EngineConfig(_Section):
     request_timeout_s: float = Field(
         default=120.0, gt=0, description="Wall-time limit of one generation request, in seconds."
     )
+    weight_probe_tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        description="Training: after each weight sync the engine's logprobs of a fixed probe "
+        "text must be within this of the trainer's, or the run stops (WeightSyncError); null "
+        "picks it by the engine's dtype (5e-4 float32, 0.1 bfloat16, 0.05 float16). See "
+        "docs/algorithms.md, 'Weight sync check'.",
+    )
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> Self:

@@ -15,7 +15,7 @@ def test_a_request_past_its_deadline_fails_as_an_engine_error(model_dir: Path) -
     # eos -1: generation never stops by itself, so only the deadline can end the request
     engine = HFEngine(model_dir, eos_token_id=-1, request_timeout_s=0.3)
     endless = SampleRequest(prompt_ids=[1, 2, 3], max_tokens=100_000, temperature=1.0, seed=0)
-    with pytest.raises(EngineError, match="did not answer within 0.3 s"):
+    with pytest.raises(EngineError, match=r"did not answer within 0\.3 s"):
         asyncio.run(engine.sample(endless))
     assert engine.in_flight == 0
 

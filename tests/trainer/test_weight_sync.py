@@ -173,3 +173,21 @@ def test_vllm_checked_sync_passes_after_a_real_step_and_catches_a_load_patched_t
     assert vllm_engine.policy_version == 2
     assert ("digested tensors differ" in str(caught.value)) is not lora
     assert "probe logprobs differ" in str(caught.value)
+
+
+def test_the_probe_tolerance_reaches_the_check_a_loose_one_lets_a_lora_skip_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the documented blind spot, on purpose: LoRA moves no digested tensor, so with a probe
+    # tolerance wider than the step moved the probe, a load patched to a no-op goes unseen
+    tiny = save_tiny_llama(tmp_path)
+    settings = TrainerSettings(lr=1e-3, device="cpu", lora={"enabled": True, "r": 4})
+    backend = TorchTrainingEngine(tiny, settings)
+    engine = HFEngine(tiny, eos_token_id=-1)
+    backend.step(random_batch(vocab=VOCAB))
+    monkeypatch.setattr(engine.model, "load_state_dict", lambda *a, **k: ([], []))
+    loose = checked_sync(engine, backend, PROBE, tolerance=100.0)
+    asyncio.run(loose(backend.export_weights(), backend.policy_version))
+    strict = checked_sync(engine, backend, PROBE, tolerance=1e-6)
+    with pytest.raises(WeightSyncError, match=r"tolerance 1e-06"):
+        asyncio.run(strict(backend.export_weights(), backend.policy_version))
