@@ -394,3 +394,32 @@ def test_one_step_of_the_real_model() -> None:
         predicts_trained = torch.tensor(mask[1:] + [0] * (grad.shape[1] - len(mask) + 1)).bool()
         assert torch.count_nonzero(grad[row][~predicts_trained]) == 0
         assert torch.count_nonzero(grad[row][predicts_trained]) > 0
+
+
+def test_weight_fingerprint_digests_named_exports_in_their_dtype_and_probes_at_temperature_1(
+    tiny: Path,
+) -> None:
+    from conveyor.engines.base import WeightFingerprint, tensor_digest
+
+    e = engine(tiny, temperature=0.7)
+    exported = {name: t.clone() for name, t in e.export_weights()}
+    norm = "model.norm.weight"
+    like = WeightFingerprint(
+        policy_version=0,
+        digests={norm: "", "model.embed_tokens.weight": "", "engine.only.fused": ""},
+        dtypes={norm: "bfloat16", "model.embed_tokens.weight": "float32"},
+    )
+    probe = [5, 9, 17, 33, 2]
+    got = e.weight_fingerprint(like, probe)
+    # a name the trainer does not export drops out (the comparison skips it)
+    assert set(got.digests) == {norm, "model.embed_tokens.weight"}
+    assert got.digests[norm] == tensor_digest(exported[norm], "bfloat16")
+    assert got.digests[norm] != tensor_digest(exported[norm], "float32")
+    assert got.shapes[norm] == list(exported[norm].shape)
+    # the probe is the served distribution at temperature 1, whatever the trainer's temperature
+    sample = TrainingSample(input_ids=probe, loss_mask=[1] * 5, logprobs=[0.0] * 5, prompt_length=0)
+    at_one = engine(tiny, temperature=1.0).compute_logprobs([sample])[0]
+    at_07 = e.compute_logprobs([sample])[0]
+    assert got.probe_logprobs == pytest.approx(at_one, abs=1e-6)
+    assert got.probe_logprobs != pytest.approx(at_07, abs=1e-3)
+    assert got.probe_logprobs[0] == 0.0 and got.policy_version == e.policy_version

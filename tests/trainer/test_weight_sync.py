@@ -153,7 +153,8 @@ def test_vllm_checked_sync_passes_after_a_real_step_and_catches_a_load_patched_t
 ) -> None:
     settings = TrainerSettings(lr=lr, device="cpu", lora={"enabled": lora})
     backend = TorchTrainingEngine(model_dir, settings)
-    sync = checked_sync(vllm_engine, backend, probe_ids(tokenizer))
+    probe = probe_ids(tokenizer)
+    sync = checked_sync(vllm_engine, backend, probe)
 
     async def sync_now() -> float:
         return await sync(backend.export_weights(), backend.policy_version)
@@ -163,6 +164,9 @@ def test_vllm_checked_sync_passes_after_a_real_step_and_catches_a_load_patched_t
     seconds = asyncio.run(sync_now())
     assert vllm_engine.policy_version == backend.policy_version == 1
     assert seconds > 0
+    # a probe right after another reads no prefix cache: the same full-length answer
+    first, second = (asyncio.run(vllm_engine.weight_fingerprint(probe)) for _ in range(2))
+    assert first == second and len(first.probe_logprobs) == len(probe)
 
     backend.step(rollout_batch(vllm_engine, tokenizer))
     runner = vllm_engine._engine.model_executor.driver_worker.worker.model_runner
