@@ -7,6 +7,7 @@ so only the fingerprint can tell); that patch is the one fake here, named in eac
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,18 +15,22 @@ from typing import Any
 import pytest
 from tiny_llama import VOCAB, random_batch, save_tiny_llama
 
+from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.engines.base import SampleRequest, WeightFingerprint
 from conveyor.engines.hf_local import HFEngine
 from conveyor.engines.simulated import SimulatedEngine
+from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.backend import FingerprintedBackend, TrainBatch
+from conveyor.trainer.checkpoint import latest_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
+from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
 from conveyor.trainer.weight_sync import (
     WeightSyncError,
     check_fingerprint,
     checked_sync,
     probe_ids,
 )
-from conveyor.types import TrainingSample
+from conveyor.types import StopReason, Task, TrainingSample, Trajectory, Turn
 
 PROBE = list(range(3, 40))
 
@@ -101,6 +106,72 @@ def test_checked_sync_on_hf_engine_passes_then_catches_a_load_patched_to_a_noop(
     # LoRA leaves embedding and norms as they were: only the probe can see the skipped load
     assert ("digested tensors differ" in message) is not lora
     assert "probe logprobs differ" in message
+
+
+class EngineStages:
+    """One sampled turn per rollout from a real engine; reward: share of low token ids."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Any:
+        runtime = SimulatedRuntime()
+        await runtime.start()
+        return runtime
+
+    async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
+        prompt = [1, 2, int(task.data["k"])]
+        request = SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=sample_index)
+        result = await self.engine.sample(request)
+        turn = Turn(
+            prompt_ids=prompt,
+            completion_ids=result.token_ids,
+            completion_logprobs=result.logprobs,
+            loss_mask=[1] * len(result.token_ids),
+            policy_version=result.policy_version,
+            stop_reason=StopReason.LENGTH,
+        )
+        return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
+        ids = trajectory.turns[0].completion_ids
+        share = sum(1 for i in ids if i < VOCAB // 2) / len(ids)
+        return trajectory.model_copy(update={"reward": share})
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_rl_loop_stops_at_a_sync_whose_load_is_patched_to_a_noop_and_never_trains_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    tiny = save_tiny_llama(tmp_path / "model")
+    config = ConveyorConfig(
+        train=TrainConfig(steps=4, tasks_per_step=2, mode=mode, checkpoint_every=1),  # type: ignore[arg-type]
+        tasks=TasksConfig(group_size=4),
+        trainer=TrainerConfig(lr=1e-2, train_device="cpu", micro_batch_tokens=256),
+    )
+    backend = TorchTrainingEngine(tiny, trainer_settings(config))
+    engine = HFEngine(tiny, eos_token_id=-1)
+    tasks = [Task(id=f"low-{k}", family="low", prompt=[], data={"k": 10 + k}) for k in range(4)]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    loop = RLLoop(
+        config, EngineStages(engine), backend, checked_sync(engine, backend, PROBE), tasks, run_dir
+    )
+    done: list[int] = []
+
+    def after(record: StepRecord) -> None:
+        done.append(record.step)
+        if record.step == 2:  # from step 3 on, the engine "loads" without loading
+            monkeypatch.setattr(engine.model, "load_state_dict", lambda *a, **k: ([], []))
+
+    loop.on_step = after
+    with pytest.raises(WeightSyncError, match="policy version 3 did not take"):
+        asyncio.run(loop.run())
+    assert done == [1, 2] and loop.step == 2
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert latest_checkpoint(run_dir) is not None
+    assert latest_checkpoint(run_dir).name.endswith("2")  # type: ignore[union-attr]
 
 
 # --- the real engine and the embedded model ---------------------------------------------------
