@@ -236,6 +236,11 @@ class DispatchConfig(_Section):
     - `early_first_turn`: `pipeline` and `auto` start a rollout's first generation (it reads only
       the prompt) beside its init, inside the rollout's runtime slot, when the stages implement
       `first_turn`; `batch` and `bounded_batch` keep the paper's strictly sequential stages.
+
+    Checked at start with the other sections (`ConveyorConfig`): R at least the strategy's run
+    pool (`p_run`, or `max_parallel` for `batch`/`bounded_batch`), and `reward_timeout_s` at
+    least the grading budget of every configured task family (swe: its 900 s test run plus
+    `GRADING_SETUP_S`), so the policy's slow tests are scored and never retried as infra.
     """
 
     strategy: Literal["batch", "bounded_batch", "pipeline", "auto"] = Field(
