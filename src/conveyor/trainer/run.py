@@ -121,6 +121,7 @@ async def warm_start(
     from conveyor.rollout import AgentStages
     from conveyor.trainer.backend import TrainBatch
     from conveyor.trainer.engine import TorchTrainingEngine
+    from conveyor.trainer.jsonl import append_records
     from conveyor.trainer.loop import trainer_settings
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
 
@@ -148,13 +149,14 @@ async def warm_start(
     backend = TorchTrainingEngine(model_dir, settings)
     size = train.sft_batch_size
     log = run_dir / "sft_metrics.jsonl"
+    # A warm start killed before its `sft_model` was published runs again from its first step.
+    log.unlink(missing_ok=True)
     for step in range(train.sft_steps):
         start = (step * size) % len(samples)
         chunk = [samples[(start + i) % len(samples)] for i in range(min(size, len(samples)))]
         # Advantage 1 and fresh old logprobs: the PPO gradient is exactly the NLL gradient.
         result = await asyncio.to_thread(backend.step, TrainBatch(items=[(s, 1.0) for s in chunk]))
-        with log.open("a") as sink:
-            sink.write(json.dumps({"step": step + 1, **result.as_dict("sft/")}) + "\n")
+        append_records(log, [{"step": step + 1, **result.as_dict("sft/")}])
         say(
             # Oracle traces carry no behaviour logprobs (0.0): the agreement probe's mean
             # |trainer logprob - 0| is then the mean NLL of the oracle tokens.
