@@ -38,7 +38,7 @@ from conveyor.trainer.advantages import assign_to_samples, get_advantage, group_
 from conveyor.trainer.backend import StepResult, TrainBatch, TrainingBackend
 from conveyor.trainer.faults import kill_point, killing_midway
 from conveyor.trainer.filtering import StatusPolicy, select
-from conveyor.trainer.jsonl import append_records, repair
+from conveyor.trainer.jsonl import append_records
 from conveyor.trainer.refill import RefillReport, refill
 from conveyor.trainer.resume import PROGRESS, ROLLOUTS
 from conveyor.types import Status, Task, TrainingSample, TrajectoryGroup
@@ -323,12 +323,6 @@ class RLLoop:
         """Continue after a checkpoint: its step and data cursor."""
         self.step = int(extra["step"])
         self.stream.cursor = int(extra["cursor"])
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines after `last_step` (written after the checkpoint a resume starts from) and a
-    torn last line; `conveyor.trainer.resume.prepare_resume` does this for every run file."""
-    repair(path, last_step)
 
 
 def trainer_settings(config: ConveyorConfig, *, lr: float | None = None) -> Any:
