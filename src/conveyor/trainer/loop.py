@@ -143,7 +143,7 @@ class RLLoop:
         self.estimator = get_advantage(self.train.advantage, **options)
 
     # -- rollouts -----------------------------------------------------------------------------
-    async def collect(self, tasks: Sequence[Task], step: int = 0) -> Collected:
+    async def collect(self, tasks: Sequence[Task], step: int) -> Collected:
         """All groups of `tasks` for `step`, through a fresh dispatcher, refilled if asked."""
         start = time.monotonic()
         settings = DispatchSettings.from_config(self.config)
@@ -169,6 +169,17 @@ class RLLoop:
         order = {task.id: i for i, task in enumerate(tasks)}
         groups.sort(key=lambda g: order[g.task_id])
         return Collected(groups, time.monotonic() - start, report)
+
+    def _record_rollouts(self, step: int, collected: Collected) -> None:
+        """Every trajectory of the step, trained on or not, and the infra_error records a refill
+        replaced, for inspection; the step field lets a resume cut the file back."""
+        final = [t for g in collected.groups for t in g.trajectories]
+        records = [{"step": step, **t.model_dump(mode="json")} for t in final]
+        records += [
+            {"step": step, "superseded_by_refill": True, **t.model_dump(mode="json")}
+            for t in collected.refill.superseded
+        ]
+        append_records(self.run_dir / ROLLOUTS, records)
 
     def _record_begun(self, step: int, tasks: Sequence[Task], key: str, rollouts: int) -> None:
         """Say in `progress.jsonl` that rollouts of `step` start: a resume re-runs them."""
@@ -267,26 +278,7 @@ class RLLoop:
                     pending_after = self.stream.cursor
                     pending = asyncio.create_task(self.collect(next_tasks, step + 1))
                 groups = collected.groups
-                # Every trajectory of the step, trained on or not (and the infra_error records
-                # a refill replaced), for inspection; the step field lets a resume cut it back.
-                append_records(
-                    self.run_dir / ROLLOUTS,
-                    [
-                        *(
-                            {"step": step, **t.model_dump(mode="json")}
-                            for g in groups
-                            for t in g.trajectories
-                        ),
-                        *(
-                            {
-                                "step": step,
-                                "superseded_by_refill": True,
-                                **t.model_dump(mode="json"),
-                            }
-                            for t in collected.refill.superseded
-                        ),
-                    ],
-                )
+                self._record_rollouts(step, collected)
                 metrics = self.rollout_metrics(groups)
                 metrics["time/generation_s"] = collected.seconds
                 metrics.update(collected.refill.metrics())
