@@ -41,6 +41,9 @@ def test_a_broken_line_inside_the_file_is_an_error_not_a_skip(tmp_path: Path) ->
     path.write_text('{"step": 1}\n{"step": 2, oops\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"m\.jsonl:2"):
         repair(path, 3)
+    path.write_text('{"step": 1}\n{"task_id": "a"}\n')
+    with pytest.raises(ValueError, match="record 2 has no integer 'step'"):
+        repair(path, 3)
 
 
 def test_prepare_resume_counts_the_rerun_and_keeps_discarded_trajectories(
@@ -76,6 +79,11 @@ def test_prepare_resume_counts_the_rerun_and_keeps_discarded_trajectories(
     # A second resume from the same checkpoint finds nothing more to re-run.
     again = prepare_resume(tmp_path, 1)
     assert again.rerun_steps == () and again.torn_lines == 0
+    # Killed before the first checkpoint: everything is re-run from step 0.
+    first = prepare_resume(tmp_path, 0)
+    assert first.rerun_steps == (1,) and first.rerun_rollouts == 4
+    assert read_records(tmp_path / "metrics.jsonl") == []
+    assert len(read_records(tmp_path / "rollouts.discarded.jsonl")) == 4
 
 
 def test_kill_hook_parses_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,8 +65,14 @@ def repair(path: Path, last_step: int) -> Repair:
     if not path.is_file():
         return Repair()
     records, torn = _parse(path)
-    kept = [r for r in records if int(r["step"]) <= last_step]
-    dropped = [r for r in records if int(r["step"]) > last_step]
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record.get("step"), int):
+            raise ValueError(
+                f"{path}: record {number} has no integer 'step' field, so it cannot be cut back "
+                "to a checkpoint (written by an older conveyor?)"
+            )
+    kept = [r for r in records if r["step"] <= last_step]
+    dropped = [r for r in records if r["step"] > last_step]
     if torn or dropped:
         tmp = path.with_name(f".tmp-{path.name}")
         with open(tmp, "w") as sink:
