@@ -16,6 +16,7 @@ import pytest
 from tiny_llama import VOCAB, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, DispatchConfig, TasksConfig, TrainConfig, TrainerConfig
+from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.base import SampleRequest
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.base import RuntimeFailure
@@ -25,7 +26,8 @@ from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.jsonl import read_records
 from conveyor.trainer.loop import RLLoop, trainer_settings
-from conveyor.types import StopReason, Task, Trajectory, Turn
+from conveyor.trainer.refill import refill
+from conveyor.types import Status, StopReason, Task, Trajectory, TrajectoryGroup, Turn
 
 GROUP = 4
 RETRIES = 1  # dispatch.max_infra_retries: attempts 0 and 1 in the first dispatch
@@ -198,3 +200,46 @@ def test_without_refill_short_groups_train_partial_or_drop(
         assert metrics["filter/partial_groups"] == 0 and metrics["filter/dropped_groups"] == 3
         assert len(batch.items) == GROUP
     assert [a for _, a in batch.items] == pytest.approx(expected_advantages(kept))
+
+
+class FirstTurnFlakyStages(FlakyInitStages):
+    """The same stages with a first turn (as the agent's): it must reach the missing sample."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        super().__init__(engine)
+        self.heads: list[tuple[str, int, int]] = []
+        self.runs_with_head: list[tuple[str, int]] = []
+
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> object:
+        self.heads.append((task.id, sample_index, attempt))
+        return (task.id, sample_index)
+
+    async def run(  # type: ignore[override]
+        self, task: Task, sample_index: int, runtime: Any, head: object = None
+    ) -> Trajectory:
+        if head is not None:
+            assert head == (task.id, sample_index)
+            self.runs_with_head.append((task.id, sample_index))
+        return await super().run(task, sample_index, runtime)
+
+
+def test_refill_keeps_the_early_first_turn_of_the_missing_sample(tiny: Path) -> None:
+    stages = FirstTurnFlakyStages(HFEngine(tiny, eos_token_id=-1))
+    lost = Trajectory(task_id="t0", sample_index=1, status=Status.INFRA_ERROR)
+    kept = Trajectory(task_id="t0", sample_index=0, reward=0.5)
+    settings = DispatchSettings(strategy="pipeline", max_infra_retries=RETRIES)
+    groups, report = asyncio.run(
+        refill(
+            [TrajectoryGroup(task_id="t0", trajectories=[kept, lost])],
+            TASKS[:1],
+            stages,
+            lambda s: make_dispatcher(settings, s),
+            max_rounds=1,
+            attempts_per_round=RETRIES + 1,
+        )
+    )
+    assert stages.heads == [("t0", 1, 2)] and stages.runs_with_head == [("t0", 1)]
+    (group,) = groups
+    assert [t.sample_index for t in group.trajectories] == [0, 1]
+    assert group.trajectories[1].status is Status.OK and group.trajectories[1].reward is not None
+    assert report.refilled == 1 and report.superseded == [lost]

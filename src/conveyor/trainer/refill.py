@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conveyor.dispatch.base import Dispatcher
-from conveyor.dispatch.stages import RolloutStages
+from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.runtime.base import Runtime
 from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
 
@@ -69,6 +69,22 @@ class SlotStages:
         return await self.inner.reward(task, trajectory, runtime)
 
 
+class SlotFirstTurnStages(SlotStages):
+    """`SlotStages` of stages with a first turn: refills keep the early first generation."""
+
+    inner: FirstTurnStages
+
+    async def first_turn(self, task: Task, sample_index: int, attempt: int) -> object:
+        """The missing sample's first generation, beside its init."""
+        return await self.inner.first_turn(task, self.slots[task.id], attempt + self.attempt_offset)
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        """The agent loop of the missing sample, continuing from its first turn."""
+        return await self.inner.run(task, self.slots[task.id], runtime, head=head)
+
+
 async def refill(
     groups: Sequence[TrajectoryGroup],
     tasks: Sequence[Task],
@@ -104,7 +120,8 @@ async def refill(
             batch = [by_id[k] for k in slots]
             if on_batch is not None:
                 on_batch(batch)
-            slot_stages = SlotStages(stages, slots, round_ * attempts_per_round)
+            kind = SlotFirstTurnStages if isinstance(stages, FirstTurnStages) else SlotStages
+            slot_stages = kind(stages, slots, round_ * attempts_per_round)
             async for trajectory in dispatcher(slot_stages).rollouts(batch, 1):
                 sample = slots[trajectory.task_id]
                 report.rollouts += 1
