@@ -175,7 +175,10 @@ def train_command(
     set_: SetOption = None,
     resume: Annotated[
         Path | None,
-        typer.Option(help="Continue the run in this folder from its newest checkpoint."),
+        typer.Option(
+            help="Continue the run in this folder from its newest complete checkpoint (also "
+            "after kill -9): records of later steps are cut back and those steps re-run."
+        ),
     ] = None,
 ) -> None:
     """RL-train a model (optionally after a supervised warm start); writes a run folder."""

@@ -379,8 +379,19 @@ class TrainConfig(_Section):
     truncated: Literal["score", "mask"] = Field(
         default="score", description="Truncated trajectories: trained with their score, or masked."
     )
-    incomplete_group: Literal["train_partial", "drop"] = Field(
-        default="train_partial", description="Groups still missing samples after infra retries."
+    incomplete_group: Literal["refill", "train_partial", "drop"] = Field(
+        default="train_partial",
+        description="Groups still missing samples after infra retries: 'refill' re-runs each "
+        "missing sample (fresh runtime, same task) up to max_refills rounds, then applies "
+        "refill_fallback; 'train_partial' trains the scored ones (at least min_partial_size); "
+        "'drop' drops the group.",
+    )
+    max_refills: int = Field(
+        default=1, ge=0, description="incomplete_group=refill: refill rounds per step."
+    )
+    refill_fallback: Literal["train_partial", "drop"] = Field(
+        default="train_partial",
+        description="incomplete_group=refill: the rule for groups still short after refilling.",
     )
     min_partial_size: int = Field(default=2, ge=1, description="Smallest partial group trained.")
     filter_zero_variance_groups: bool = Field(

@@ -59,6 +59,7 @@ def test_default_policy_counts() -> None:
     assert selection.dropped_groups == 1  # c: one scored trajectory is below min_partial_size
     assert selection.dropped_trajectories == 1
     assert selection.incomplete_groups == 2
+    assert selection.partial_groups == 1  # b trains on its two scored ones, c is dropped
     assert selection.infra_excluded == 3
     assert selection.zero_variance_groups == 1  # d counted, not dropped
     assert selection.masked_truncated == 0
@@ -78,6 +79,7 @@ def test_mask_truncated_drop_incomplete_and_filter_zero_variance() -> None:
     assert selection.dropped_groups == 3  # b and c incomplete, d zero variance
     assert selection.dropped_trajectories == 2 + 1 + 3
     assert selection.incomplete_groups == 2
+    assert selection.partial_groups == 0
     assert selection.zero_variance_groups == 1
     assert selection.infra_excluded == 3
 
@@ -96,6 +98,7 @@ def test_partial_group_of_one_kept_when_allowed() -> None:
     selection = select(batch(), StatusPolicy(min_partial_size=1))
     assert [g.task_id for g in selection.groups] == ["a", "b", "c", "d"]
     assert selection.dropped_groups == 0
+    assert selection.partial_groups == 2
 
 
 def test_single_trajectory_group_is_not_zero_variance() -> None:

@@ -23,7 +23,8 @@ from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
-from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings, truncate_metrics
+from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
+from conveyor.trainer.resume import prepare_resume
 from conveyor.types import StopReason, Task, Trajectory, Turn
 
 
@@ -128,16 +129,23 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tiny: Path, tmp_path: 
     asyncio.run(first.run())
     with (cut_dir / "metrics.jsonl").open("a") as sink:
         sink.write(json.dumps({"step": 3, "partial": True}) + "\n")
+    with (cut_dir / "rollouts.jsonl").open("a") as sink:
+        sink.write('{"step": 3, "task_id": "low-')  # torn by the kill
     resumed, backend, engine = make_loop(tiny, cut_dir, steps=4, lr=1e-2, checkpoint_every=1)
     checkpoint = latest_checkpoint(cut_dir)
     assert checkpoint is not None
     extra = load_checkpoint(checkpoint, backend)
     resumed.restore(extra)
-    truncate_metrics(cut_dir / "metrics.jsonl", resumed.step)
+    report = prepare_resume(cut_dir, resumed.step)
+    assert report.torn_lines == 1 and report.discarded_trajectories == 0
     asyncio.run(engine.update_weights(backend.export_weights(), backend.policy_version))
     asyncio.run(resumed.run())
     steps = [json.loads(x)["step"] for x in (cut_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # none repeated, none skipped
+    rollouts = [
+        json.loads(x)["step"] for x in (cut_dir / "rollouts.jsonl").read_text().splitlines()
+    ]
+    assert rollouts == [s for s in (1, 2, 3, 4) for _ in range(4 * 8)]
     a = dict(whole_backend.model.named_parameters())
     b = dict(backend.model.named_parameters())
     worst = max(float((a[n] - b[n]).detach().abs().max()) for n in a)

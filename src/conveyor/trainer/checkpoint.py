@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from conveyor.trainer.backend import TrainingBackend
+from conveyor.trainer.faults import kill_point
 from conveyor.trainer.fsdp import world
 
 CHECKPOINTS = "checkpoints"
@@ -98,6 +99,7 @@ def save_checkpoint(
             files = sorted(p.name for p in tmp.iterdir())
             _write_json(tmp / MARKER, {"step": step, "files": [*files, MARKER]})
             _fsync_tree(tmp)
+            kill_point("checkpoint_write", step)
             _replace_dir(tmp, final)
             if keep_last is not None:
                 for _, old in list_checkpoints(run_dir)[:-keep_last]:

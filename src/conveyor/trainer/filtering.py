@@ -10,7 +10,9 @@ Per status (see `conveyor.types.Status`):
 - `infra_error`: never scored, never trained, never in a baseline. The dispatcher resamples it;
   one still present after its retries marks its group as incomplete. An incomplete group is
   trained on what it has (`train_partial`, default, when at least `min_partial_size` scored
-  trajectories remain) or dropped (`drop`).
+  trajectories remain; counted in `partial_groups`) or dropped (`drop`). The loop may refill
+  missing samples first (`train.incomplete_group: refill`, see `conveyor.trainer.refill`); this
+  module then applies the fallback rule to what is still short.
 
 Groups of at least two trajectories whose rewards are all equal carry no group-relative signal;
 they are counted and, with `filter_zero_variance_groups`, dropped.
@@ -66,6 +68,7 @@ class Selection:
     trainable: list[list[bool]] = field(default_factory=list)
     dropped_groups: int = 0  # groups left out for any reason below
     incomplete_groups: int = 0  # groups with infra_error trajectories left, kept or dropped
+    partial_groups: int = 0  # of those, kept and trained on what they have
     zero_variance_groups: int = 0  # kept-eligible groups whose rewards are all equal
     dropped_trajectories: int = 0  # scored trajectories inside dropped groups
     masked_truncated: int = 0  # truncated trajectories kept for the baseline but not trained
@@ -77,6 +80,7 @@ class Selection:
             "filter/kept_groups": len(self.groups),
             "filter/dropped_groups": self.dropped_groups,
             "filter/incomplete_groups": self.incomplete_groups,
+            "filter/partial_groups": self.partial_groups,
             "filter/zero_variance_groups": self.zero_variance_groups,
             "filter/dropped_trajectories": self.dropped_trajectories,
             "filter/masked_truncated": self.masked_truncated,
@@ -92,7 +96,7 @@ def select(groups: Sequence[TrajectoryGroup], policy: StatusPolicy) -> Selection
     """
     kept: list[TrajectoryGroup] = []
     trainable: list[list[bool]] = []
-    dropped = incomplete = zero_variance = dropped_trajectories = masked = infra = 0
+    dropped = incomplete = partial = zero_variance = dropped_trajectories = masked = infra = 0
     for group in groups:
         scored = [t for t in group.trajectories if t.status != Status.INFRA_ERROR]
         missing = len(group.trajectories) - len(scored)
@@ -109,6 +113,7 @@ def select(groups: Sequence[TrajectoryGroup], policy: StatusPolicy) -> Selection
                 dropped += 1
                 dropped_trajectories += len(scored)
                 continue
+            partial += 1
         if not scored:  # an empty group: nothing to drop but the group itself
             dropped += 1
             continue
@@ -128,6 +133,7 @@ def select(groups: Sequence[TrajectoryGroup], policy: StatusPolicy) -> Selection
         trainable=trainable,
         dropped_groups=dropped,
         incomplete_groups=incomplete,
+        partial_groups=partial,
         zero_variance_groups=zero_variance,
         dropped_trajectories=dropped_trajectories,
         masked_truncated=masked,

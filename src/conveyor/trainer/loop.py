@@ -11,14 +11,18 @@ Modes:
   trajectory = the policy version being trained minus the oldest version among its turns; samples
   staler than `train.max_staleness` are dropped and counted, never trained.
 
-Every step appends one line to `metrics.jsonl`; checkpoints carry the data cursor and step, so
-`--resume` continues with the next step and neither repeats nor skips one.
+Every step appends one line to `metrics.jsonl` and its trajectories (with a `step` field) to
+`rollouts.jsonl`; `progress.jsonl` records each step's tasks when its rollouts start.
+Checkpoints carry the data cursor and step, so `--resume` continues with the next step and
+neither repeats nor skips one (`conveyor.trainer.resume` says what is re-run).
+
+Groups still short of samples after the dispatcher's infra retries are refilled
+(`train.incomplete_group: refill`, see `conveyor.trainer.refill`) or left to the status policy.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -32,7 +36,11 @@ from conveyor.dispatch.factory import make_dispatcher
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.advantages import assign_to_samples, get_advantage, group_rewards
 from conveyor.trainer.backend import StepResult, TrainBatch, TrainingBackend
+from conveyor.trainer.faults import kill_point, killing_midway
 from conveyor.trainer.filtering import StatusPolicy, select
+from conveyor.trainer.jsonl import append_records
+from conveyor.trainer.refill import RefillReport, refill
+from conveyor.trainer.resume import PROGRESS, ROLLOUTS
 from conveyor.types import Status, Task, TrainingSample, TrajectoryGroup
 
 # Hands exported weights and the policy version they carry to the sampling side; returns seconds.
@@ -73,6 +81,15 @@ class TaskStream:
 
 
 @dataclass
+class Collected:
+    """One step's rollouts as they go into the update."""
+
+    groups: list[TrajectoryGroup]
+    seconds: float
+    refill: RefillReport = field(default_factory=RefillReport)
+
+
+@dataclass
 class StepRecord:
     """What one step did, as written to `metrics.jsonl`."""
 
@@ -110,9 +127,13 @@ class RLLoop:
         self.engine_probe = engine_probe
         self.on_step = on_step
         self.step = 0
+        # Counters of the resume that set `step` (`resume/*`), logged with the first step.
+        self.resume_metrics: dict[str, float] = {}
+        incomplete = self.train.incomplete_group
         self.policy = StatusPolicy(
             truncated=self.train.truncated,
-            incomplete_group=self.train.incomplete_group,
+            # What refilling leaves short falls to the fallback rule.
+            incomplete_group=self.train.refill_fallback if incomplete == "refill" else incomplete,
             min_partial_size=self.train.min_partial_size,
             filter_zero_variance_groups=self.train.filter_zero_variance_groups,
         )
@@ -122,17 +143,48 @@ class RLLoop:
         self.estimator = get_advantage(self.train.advantage, **options)
 
     # -- rollouts -----------------------------------------------------------------------------
-    async def collect(self, tasks: Sequence[Task]) -> tuple[list[TrajectoryGroup], float]:
-        """All groups of `tasks`, through a fresh dispatcher; returns them and the wall time."""
+    async def collect(self, tasks: Sequence[Task], step: int) -> Collected:
+        """All groups of `tasks` for `step`, through a fresh dispatcher, refilled if asked."""
         start = time.monotonic()
-        dispatcher = make_dispatcher(
-            DispatchSettings.from_config(self.config), self.stages, engine=self.engine_probe
-        )
-        groups = [g async for g in dispatcher.groups(tasks, self.config.tasks.group_size)]
+        settings = DispatchSettings.from_config(self.config)
+        size = self.config.tasks.group_size
+        self._record_begun(step, tasks, "tasks", len(tasks) * size)
+        dispatcher = make_dispatcher(settings, self.stages, engine=self.engine_probe)
+        groups: list[TrajectoryGroup] = []
+        async for group in dispatcher.groups(tasks, size):
+            groups.append(group)
+            kill_point("rollouts", step)
+        report = RefillReport()
+        if self.train.incomplete_group == "refill" and self.train.max_refills:
+            groups, report = await refill(
+                groups,
+                tasks,
+                self.stages,
+                lambda stages: make_dispatcher(settings, stages, engine=self.engine_probe),
+                max_rounds=self.train.max_refills,
+                attempts_per_round=settings.max_infra_retries + 1,
+                on_batch=lambda batch: self._record_begun(step, batch, "refill", len(batch)),
+            )
         # Completion order depends on timing; the update must not.
         order = {task.id: i for i, task in enumerate(tasks)}
         groups.sort(key=lambda g: order[g.task_id])
-        return groups, time.monotonic() - start
+        return Collected(groups, time.monotonic() - start, report)
+
+    def _record_rollouts(self, step: int, collected: Collected) -> None:
+        """Every trajectory of the step, trained on or not, and the infra_error records a refill
+        replaced, for inspection; the step field lets a resume cut the file back."""
+        final = [t for g in collected.groups for t in g.trajectories]
+        records = [{"step": step, **t.model_dump(mode="json")} for t in final]
+        records += [
+            {"step": step, "superseded_by_refill": True, **t.model_dump(mode="json")}
+            for t in collected.refill.superseded
+        ]
+        append_records(self.run_dir / ROLLOUTS, records)
+
+    def _record_begun(self, step: int, tasks: Sequence[Task], key: str, rollouts: int) -> None:
+        """Say in `progress.jsonl` that rollouts of `step` start: a resume re-runs them."""
+        record = {"step": step, key: [t.id for t in tasks], "rollouts": rollouts}
+        append_records(self.run_dir / PROGRESS, [record])
 
     # -- one update ---------------------------------------------------------------------------
     def build_batch(self, groups: Sequence[TrajectoryGroup]) -> tuple[TrainBatch, dict[str, float]]:
@@ -185,11 +237,13 @@ class RLLoop:
     async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """One optimizer step on `groups` (skipped, and said so, when nothing is trainable)."""
         batch, metrics = self.build_batch(groups)
+        step = self.step + 1
         if batch.items:
             result: StepResult = await asyncio.to_thread(self.backend.step, batch)
+            kill_point("train_step", step)
             metrics.update(result.as_dict())
             sync_s = await self.sync_weights(
-                self.backend.export_weights(), self.backend.policy_version
+                killing_midway(self.backend.export_weights(), step), self.backend.policy_version
             )
             metrics["time/weight_sync_s"] = sync_s
         else:
@@ -204,33 +258,34 @@ class RLLoop:
 
         tracker = Tracker(self.run_dir, tensorboard=self.train.tensorboard, wandb=self.train.wandb)
         records: list[StepRecord] = []
-        pending: asyncio.Task[tuple[list[TrajectoryGroup], float]] | None = None
+        pending: asyncio.Task[Collected] | None = None
         pending_after = 0
         try:
             while self.step < self.train.steps:
                 started = time.monotonic()
+                step = self.step + 1
                 if pending is None:
                     tasks = self.stream.take(self.train.tasks_per_step)
                     after = self.stream.cursor
-                    groups, gen_s = await self.collect(tasks)
+                    collected = await self.collect(tasks, step)
                 else:
-                    groups, gen_s = await pending
+                    collected = await pending
                     after = pending_after
                     pending = None
-                last = self.step + 1 >= self.train.steps
-                if self.train.mode == "async" and not last:
+                if self.train.mode == "async" and step < self.train.steps:
                     # Generation of the next step overlaps this update.
                     next_tasks = self.stream.take(self.train.tasks_per_step)
                     pending_after = self.stream.cursor
-                    pending = asyncio.create_task(self.collect(next_tasks))
-                with (self.run_dir / "rollouts.jsonl").open("a") as sink:
-                    # Every trajectory of the step, trained on or not, for inspection.
-                    for group in groups:
-                        sink.writelines(f"{t.to_json()}\n" for t in group.trajectories)
+                    pending = asyncio.create_task(self.collect(next_tasks, step + 1))
+                groups = collected.groups
+                self._record_rollouts(step, collected)
                 metrics = self.rollout_metrics(groups)
-                metrics["time/generation_s"] = gen_s
+                metrics["time/generation_s"] = collected.seconds
+                metrics.update(collected.refill.metrics())
                 metrics.update(await self.update(groups))
-                self.step += 1
+                metrics.update(self.resume_metrics)
+                self.resume_metrics = {}
+                self.step = step
                 metrics["time/step_s"] = time.monotonic() - started
                 metrics["data/cursor"] = float(self.stream.cursor)
                 record = StepRecord(step=self.step, metrics=metrics)
@@ -260,18 +315,6 @@ class RLLoop:
         """Continue after a checkpoint: its step and data cursor."""
         self.step = int(extra["step"])
         self.stream.cursor = int(extra["cursor"])
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines after `last_step` (written after the checkpoint a resume starts from)."""
-    if not path.is_file():
-        return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line and json.loads(line)["step"] <= last_step
-    ]
-    path.write_text("".join(f"{line}\n" for line in kept))
 
 
 def trainer_settings(config: ConveyorConfig, *, lr: float | None = None) -> Any:

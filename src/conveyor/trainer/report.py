@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from conveyor.trainer.jsonl import read_records
 
 
 def plot_metrics(run_dir: Path) -> list[Path]:
@@ -11,7 +12,7 @@ def plot_metrics(run_dir: Path) -> list[Path]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_records(path)
     if not rows:
         return []
     import matplotlib

@@ -121,6 +121,7 @@ async def warm_start(
     from conveyor.rollout import AgentStages
     from conveyor.trainer.backend import TrainBatch
     from conveyor.trainer.engine import TorchTrainingEngine
+    from conveyor.trainer.jsonl import append_records
     from conveyor.trainer.loop import trainer_settings
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
 
@@ -148,13 +149,14 @@ async def warm_start(
     backend = TorchTrainingEngine(model_dir, settings)
     size = train.sft_batch_size
     log = run_dir / "sft_metrics.jsonl"
+    # A warm start killed before its `sft_model` was published runs again from its first step.
+    log.unlink(missing_ok=True)
     for step in range(train.sft_steps):
         start = (step * size) % len(samples)
         chunk = [samples[(start + i) % len(samples)] for i in range(min(size, len(samples)))]
         # Advantage 1 and fresh old logprobs: the PPO gradient is exactly the NLL gradient.
         result = await asyncio.to_thread(backend.step, TrainBatch(items=[(s, 1.0) for s in chunk]))
-        with log.open("a") as sink:
-            sink.write(json.dumps({"step": step + 1, **result.as_dict("sft/")}) + "\n")
+        append_records(log, [{"step": step + 1, **result.as_dict("sft/")}])
         say(
             # Oracle traces carry no behaviour logprobs (0.0): the agreement probe's mean
             # |trainer logprob - 0| is then the mean NLL of the oracle tokens.
@@ -174,11 +176,14 @@ async def run_training(
     from conveyor.rollout import AgentStages
     from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
     from conveyor.trainer.engine import TorchTrainingEngine
-    from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings, truncate_metrics
+    from conveyor.trainer.faults import armed
+    from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
     from conveyor.trainer.report import plot_metrics
+    from conveyor.trainer.resume import prepare_resume
 
     config = resolved.config
     train = config.train
+    armed()  # a malformed fault-injection setting fails here, not at its kill point
     if resume is not None:
         run_dir = resume
         if not (run_dir / "config.yaml").is_file():
@@ -224,9 +229,17 @@ async def run_training(
         checkpoint = latest_checkpoint(run_dir) if resume is not None else None
         if checkpoint is not None:
             loop.restore(load_checkpoint(checkpoint, backend))
-            truncate_metrics(run_dir / "metrics.jsonl", loop.step)
-            say(f"resumed from {checkpoint.name}: step {loop.step}, cursor {loop.stream.cursor}")
+        if resume is not None:
+            # Also without a checkpoint: a run killed in its first step starts over from 0.
+            resumed = prepare_resume(run_dir, loop.step)
+            loop.resume_metrics = resumed.metrics()
+            origin = checkpoint.name if checkpoint is not None else "the start (no checkpoint)"
+            say(
+                f"resumed from {origin}: step {loop.step}, cursor {loop.stream.cursor}; "
+                f"{resumed.describe()}"
+            )
         if checkpoint is not None or start_dir != model_dir:
+            # The engine serves the checkpoint's (or warm start's) weights before any rollout.
             await client.update_weights(backend.export_weights(), backend.policy_version)
         if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
             report = await evaluate(

@@ -1,15 +1,17 @@
 """Where training metrics go: `metrics.jsonl` always; TensorBoard and W&B (offline) when asked.
 
-The JSONL file is the record of truth (a resume truncates it to the checkpoint's step); the
-other sinks are views of it and are imported only when configured.
+The JSONL file is the record of truth (a resume truncates it to the checkpoint's step; each
+line is one fsynced append, so a kill never leaves a torn line inside it); the other sinks are
+views of it and are imported only when configured.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from conveyor.trainer.jsonl import append_records
 
 
 class Tracker:
@@ -46,8 +48,7 @@ class Tracker:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics (non-finite values become null in JSON)."""
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
-        with self.path.open("a") as sink:
-            sink.write(json.dumps({"step": step, **clean}) + "\n")
+        append_records(self.path, [{"step": step, **clean}])
         if self._tb is not None:
             for key, value in metrics.items():
                 if math.isfinite(value):
