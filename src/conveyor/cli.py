@@ -184,13 +184,15 @@ def train_command(
     """RL-train a model (optionally after a supervised warm start); writes a run folder."""
     import asyncio
 
+    from conveyor.config import ConfigError
     from conveyor.models import ModelError
     from conveyor.trainer.run import run_training
+    from conveyor.trainer.weight_sync import WeightSyncError
 
     resolved = _load(config, set_)
     try:
         run_dir = asyncio.run(run_training(resolved, resume=resume, say=typer.echo))
-    except (ModelError, FileNotFoundError, FileExistsError) as exc:
+    except (ModelError, ConfigError, WeightSyncError, FileNotFoundError, FileExistsError) as exc:
         _fail(str(exc))
     typer.echo(str(run_dir))
 

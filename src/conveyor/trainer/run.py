@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.config import ConveyorConfig, ResolvedConfig, SamplingConfig, config_to_yaml
+from conveyor.config import (
+    ConfigError,
+    ConveyorConfig,
+    ResolvedConfig,
+    SamplingConfig,
+    config_to_yaml,
+)
 from conveyor.types import Status, Task, Trajectory
 
 
@@ -170,6 +176,7 @@ async def run_training(
     resolved: ResolvedConfig, *, resume: Path | None = None, say: Any = print
 ) -> Path:
     """The whole training job; returns the run folder."""
+    from conveyor.engines.base import WeightReceiver
     from conveyor.engines.factory import build_engine, load_tokenizer
     from conveyor.eval import make_run_dir
     from conveyor.models import resolve_model_path
@@ -180,6 +187,7 @@ async def run_training(
     from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
     from conveyor.trainer.report import plot_metrics
     from conveyor.trainer.resume import prepare_resume
+    from conveyor.trainer.weight_sync import checked_sync, probe_ids
 
     config = resolved.config
     train = config.train
@@ -195,6 +203,14 @@ async def run_training(
     model_dir = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_dir)
     client: Any = build_engine(config, model_dir)
+    if (train.steps or train.sft_steps) and not isinstance(client, WeightReceiver):
+        # Refused before any evaluation: RL needs an engine that takes weights and proves it.
+        await client.close()
+        raise ConfigError(
+            f"engine.kind={config.engine.kind!r} cannot take new weights in place and report "
+            "what it serves (update_weights + weight_fingerprint); `conveyor train` needs "
+            "engine.kind='vllm' (or train.steps=0 and train.sft_steps=0: evaluation only)"
+        )
     timings: dict[str, float] = {"engine_start_s": time.monotonic() - started}
     eval_sampling = SamplingConfig(
         temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed
@@ -216,11 +232,23 @@ async def run_training(
                 timings["sft_s"] = time.monotonic() - t0
             start_dir = run_dir / "sft_model"
         backend = TorchTrainingEngine(start_dir, trainer_settings(config))
+        # Every sync, the first one after a warm start or resume included, is checked by the
+        # weight fingerprint: a sync that did not take stops the run (WeightSyncError).
+        sync = (
+            checked_sync(
+                client,
+                backend,
+                probe_ids(tokenizer),
+                tolerance=config.engine.weight_probe_tolerance,
+            )
+            if isinstance(client, WeightReceiver)
+            else _no_weight_sync  # evaluation only (refused above otherwise)
+        )
         loop = RLLoop(
             config,
             AgentStages.from_config(config, client, tokenizer),
             backend,
-            client.update_weights,
+            sync,
             family_tasks(config, config.tasks.num_tasks, "train"),
             run_dir,
             engine_probe=client,
@@ -240,7 +268,7 @@ async def run_training(
             )
         if checkpoint is not None or start_dir != model_dir:
             # The engine serves the checkpoint's (or warm start's) weights before any rollout.
-            await client.update_weights(backend.export_weights(), backend.policy_version)
+            await sync(backend.export_weights(), backend.policy_version)
         if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
             report = await evaluate(
                 eval_stages, eval_tasks, config, run_dir / "eval_after_sft.trajectories.jsonl"
@@ -264,6 +292,10 @@ async def run_training(
     timings["wall_s"] = time.monotonic() - started
     _write(run_dir / "summary.json", {"timings": timings, "steps": len(records)})
     return run_dir
+
+
+async def _no_weight_sync(weights: Any, version: int) -> float:
+    raise RuntimeError("this engine takes no weights (an evaluation-only run)")
 
 
 def _step_line(record: Any, total: int) -> str:
