@@ -131,7 +131,11 @@ def make_workspace(
     path, marker = root / name, root / (name + _MARKER_SUFFIX)
     record: dict[str, object] = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
     record |= {"template": str(template), "method": chosen}
-    marker.write_text(json.dumps(record))
+    try:
+        marker.write_text(json.dumps(record))
+    except BaseException:
+        marker.unlink(missing_ok=True)  # a full disk leaves the file made but empty
+        raise
     workspace = Workspace(path=path, template=template, method=chosen, marker=marker)
     try:
         if size_bytes is not None:
