@@ -1,0 +1,552 @@
+"""The chaos test: engine and sandbox faults under load, on the real path.
+
+A real vLLM server (`python -m vllm.entrypoints.openai.api_server`, the embedded model) serves
+200 rollouts through the pipeline dispatcher with a run pool of 32; every rollout runs its
+commands and its grading in real bubblewrap sandboxes over workspaces with disks of their own.
+Meanwhile the engine is killed (`SIGKILL`) and restarted, policies fill their sandbox's disk,
+pytest hangs in the reward stage (once through the policy's code, once through no fault of the
+policy), and the host disk under the workspaces is full while some sandboxes start. A second
+test kills the engine for good: the run stops with one message.
+
+What is faked, and why: the tiny model cannot be steered into filling its disk or writing code
+that hangs, so `ScriptedChaosStages` (test-only) makes those writes on the policy's behalf,
+through the real sandbox, before the agent loop runs; the wedged grader and the full host disk
+are injected by the same wrapper. Everything else (engine, HTTP, agent loop, tools, sandboxes,
+pytest, dispatcher) is the real thing. Counts and timings go to docs/dispatch.md ("Chaos test").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.swe_tools import make_bash_tool
+from conveyor.agent.tools import ToolRegistry, finish
+from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.engines.base import EngineError
+from conveyor.engines.openai_http import EngineDown, OpenAICompatibleClient
+from conveyor.rollout import AgentStages
+from conveyor.runtime.base import ExecResult, Runtime
+from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
+from conveyor.runtime.limits import MARKER_ENV, MiB
+from conveyor.runtime.workspace import Workspace, make_workspace
+from conveyor.tasks.family import register_family
+from conveyor.types import Status, Task, ToolCall, Trajectory
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (tmpfs mounts, sandbox user)"),
+]
+
+WORKSPACE_DISK = 8 * MiB  # each sandbox's own disk
+GRADER_TIMEOUT_S = 6.0  # the grader's pytest budget: a hang past it is a failed test
+REWARD_TIMEOUT_S = 20.0  # the dispatcher's reward budget: a grader stuck past it is infra
+HANGING_SOLUTION = "import time\n\ntime.sleep(10**6)\nVALUE = 1\n"
+TEST_SOLUTION = "from solution import VALUE\n\n\ndef test_value():\n    assert VALUE == 1\n"
+PYTEST = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:cacheprovider"
+# A grader's pytest that hangs through no fault of the policy (a wedged test environment).
+WEDGE = (
+    "mkdir -p /tmp/wedge && printf 'import time\\ntime.sleep(10**6)\\n' > /tmp/wedge/conftest.py"
+    f" && {PYTEST} /tmp/wedge"
+)
+
+
+def _fault(task: Task) -> str:
+    return str(task.data["fault"])
+
+
+def _plan(index: int) -> str:
+    """The fault of task `index` (two samples each)."""
+    if index % 10 == 1:
+        return "policy_fill"
+    if index % 20 == 2:
+        return "policy_hang"
+    if index % 20 == 3:
+        return "grader_hang"
+    if index % 20 == 4:
+        return "host_full"
+    return "none"
+
+
+class ChaosRuntime(BubblewrapRuntime):
+    """A bubblewrap sandbox over a workspace it owns (removed on close)."""
+
+    def __init__(self, workspace: Workspace, env_dir: Path) -> None:
+        super().__init__(workspace.path, env_dir=env_dir)
+        self.task_workspace = workspace
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.task_workspace.remove)
+
+
+@register_family
+class ChaosSandboxFamily:
+    """Test-only family: write `hello` to /workspace/answer.txt with `bash`, then `finish`.
+
+    Graded in the rollout's sandbox: `grep` for the answer, or, for `policy_hang` tasks, the
+    task's pytest test of the policy's `solution.py` under `GRADER_TIMEOUT_S`.
+    """
+
+    name = "chaos-sandbox-test"
+    root: ClassVar[Path] = Path("/nonexistent")
+    template: ClassVar[Path] = Path("/nonexistent")
+    sandbox_ids: ClassVar[list[str]] = []
+    grades: ClassVar[list[ExecResult]] = []
+
+    def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
+        prompt = [
+            {
+                "role": "system",
+                "content": "You work in a Linux sandbox; your files are in /workspace. "
+                "Run shell commands with the bash tool, one call per message.",
+            },
+            {"role": "user", "content": "Write the word hello into answer.txt, then finish."},
+        ]
+        return [
+            Task(
+                id=f"chaos-{i:03d}-{_plan(i)}",
+                family=self.name,
+                prompt=prompt,
+                data={"fault": _plan(i)},
+                split=split,
+            )
+            for i in range(n)
+        ]
+
+    def tools(self) -> ToolRegistry:
+        return ToolRegistry([make_bash_tool(10.0), finish])
+
+    async def make_runtime(self, task: Task) -> Runtime:
+        workspace = await asyncio.to_thread(
+            make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
+        )
+        runtime = ChaosRuntime(workspace, Path(sys.prefix))
+        self.sandbox_ids.append(runtime.sandbox_id)
+        try:
+            await runtime.start()
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
+        if _fault(task) == "policy_hang":
+            command = f"{PYTEST} tests/test_solution.py"
+            result = await runtime.exec(command, GRADER_TIMEOUT_S)
+            self.grades.append(result)
+            # A test that hangs in the policy's code fails like any other: the policy's result.
+            return 1.0 if result.exit_code == 0 and not result.timed_out else 0.0
+        result = await runtime.exec("grep -qx hello answer.txt", 30.0)
+        return 1.0 if result.exit_code == 0 else 0.0
+
+    def oracle_calls(self, task: Task) -> list[ToolCall]:
+        return [
+            ToolCall(name="bash", arguments={"command": "echo hello > answer.txt"}),
+            ToolCall(name="finish", arguments={"answer": "done"}),
+        ]
+
+
+class ScriptedChaosStages(AgentStages):
+    """Test-only: the real agent stages, plus the faults the tiny model cannot be steered into
+    (policy writes made on its behalf through its sandbox) and the injected infra faults."""
+
+    def __init__(self, *args: Any, family: type[ChaosSandboxFamily], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.family = family
+        self.fills: dict[tuple[str, int], ExecResult] = {}
+        self.wedged: set[tuple[str, int]] = set()
+        self.disk_full = HostDiskFull(family.root)
+        self.host_full: dict[tuple[str, int], int | None] = {}  # errno of the failed start
+        self.engine_errors: list[EngineError] = []
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
+        if _fault(task) == "host_full" and attempt == 0:
+            with self.disk_full:
+                try:
+                    return await super().init(task, sample_index, attempt)
+                except OSError as error:
+                    self.host_full[(task.id, sample_index)] = error.errno
+                    raise
+        return await super().init(task, sample_index, attempt)
+
+    async def run(
+        self, task: Task, sample_index: int, runtime: Runtime, head: object = None
+    ) -> Trajectory:
+        fault = _fault(task)
+        if fault == "policy_fill":  # the policy's command that writes until the disk is full
+            self.fills[(task.id, sample_index)] = await runtime.exec("yes chaos > fill.txt", 30)
+        elif fault == "policy_hang":  # the policy's code: hangs when imported
+            await runtime.write_file("solution.py", HANGING_SOLUTION)
+        try:
+            return await super().run(task, sample_index, runtime, head)
+        except EngineError as error:
+            self.engine_errors.append(error)
+            raise
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
+        key = (task.id, trajectory.sample_index)
+        if _fault(task) == "grader_hang" and key not in self.wedged:
+            self.wedged.add(key)
+            await runtime.exec(WEDGE, 10**6)  # cut by the dispatcher's reward timeout
+        return await super().reward(task, trajectory, runtime)
+
+
+class HostDiskFull:
+    """The host disk under the workspaces is full (another process's ballast) while any
+    `with` of it is open; nested or overlapping uses share one ballast."""
+
+    def __init__(self, root: Path) -> None:
+        self.ballast = root / ".ballast"
+        self.users = 0
+
+    def __enter__(self) -> None:
+        self.users += 1
+        if self.users > 1:
+            return
+        with open(self.ballast, "wb") as handle:
+            # tmpfs takes all of a fallocate or none of it: claim big, then smaller, to the page
+            size, chunk = 0, 1 << 20
+            while chunk >= 4096:
+                try:
+                    os.posix_fallocate(handle.fileno(), size, chunk)
+                    size += chunk
+                except OSError:
+                    chunk //= 2
+
+    def __exit__(self, *exc: object) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self.ballast.unlink()
+
+
+class EngineServer:
+    """The vLLM OpenAI server as a process group on a fixed loopback port."""
+
+    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.log_dir = log_dir
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "2",
+            "OMP_NUM_THREADS": "1",
+        }
+        self.starts += 1
+        log = open(self.log_dir / f"vllm-{self.starts}.log", "wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(self.model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "2048",
+                "--max-num-seqs",
+                "32",
+                "--enforce-eager",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its engine-core child dies with it on kill()
+        )
+
+    def wait_ready(self, timeout_s: float = 420.0) -> float:
+        """Seconds until `/models` answers; `RuntimeError` if the server dies or never does."""
+        start = time.monotonic()
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/models", timeout=2).read()
+                return time.monotonic() - start
+            except OSError:
+                assert self.process is not None
+                if self.process.poll() is not None or time.monotonic() - start > timeout_s:
+                    tail = (self.log_dir / f"vllm-{self.starts}.log").read_text()[-3000:]
+                    raise RuntimeError(f"the vLLM server did not come up:\n{tail}") from None
+                time.sleep(1)
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (API process and engine core), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        self.process = None
+
+
+@pytest.fixture(scope="module")
+def engine_server(model_dir: Path) -> Iterator[EngineServer]:
+    with tempfile.TemporaryDirectory(prefix="chaos-vllm-") as logs:
+        server = EngineServer(model_dir, Path(logs))
+        server.start()
+        try:
+            server.wait_ready()
+            yield server
+        finally:
+            server.kill()
+
+
+@pytest.fixture
+def chaos_family(tmp_path: Path) -> Iterator[type[ChaosSandboxFamily]]:
+    ok, why = bubblewrap_available()
+    if not ok:
+        pytest.skip(why)
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    # The host disk under the workspaces: small, so the test can fill it.
+    _mount(root, "size=4m,mode=0755")
+    template = tmp_path / "template"
+    (template / "tests").mkdir(parents=True)
+    (template / "tests" / "test_solution.py").write_text(TEST_SOLUTION)
+    (template / "README.md").write_text("Write hello into answer.txt.\n")
+    family = ChaosSandboxFamily
+    family.root, family.template = root, template
+    family.sandbox_ids, family.grades = [], []
+    try:
+        yield family
+    finally:
+        for mount in _mounts_under(root):
+            _umount(mount)
+        _umount(str(root))
+
+
+def _mount(target: Path, options: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", 0, options.encode()) != 0:
+        pytest.skip(f"cannot mount a tmpfs: {os.strerror(ctypes.get_errno())}")
+
+
+def _umount(target: str) -> None:
+    ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(target), 2)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root) + "/"
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+
+
+def _sandbox_processes(ids: list[str]) -> list[int]:
+    """Pids still carrying one of our sandboxes' markers."""
+    needles = tuple(f"{MARKER_ENV}={sid}".encode() for sid in ids)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(v.startswith(needles) for v in environ.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+def _stages(
+    client: OpenAICompatibleClient, tokenizer: Any, family: type[ChaosSandboxFamily]
+) -> ScriptedChaosStages:
+    return ScriptedChaosStages(
+        client,
+        lambda schemas: ChatRenderer(tokenizer, schemas),
+        AgentConfig(max_turns=2, max_completion_tokens=48, max_context_tokens=2048),
+        # Unseeded: a per-request seed crashes vLLM-CPU 0.32's engine core ("CPU Generator does
+        # not use offset"), a fault of its own, not the one this test injects.
+        SamplingConfig(temperature=1.0),
+        rollout_timeout_s=120.0,
+        family=family,
+    )
+
+
+def _settings() -> DispatchSettings:
+    return DispatchSettings(
+        strategy="pipeline",
+        p_init=8,
+        p_run=32,
+        p_reward=12,
+        run_queue=16,
+        max_live_runtimes=64,
+        init_timeout_s=120.0,
+        reward_timeout_s=REWARD_TIMEOUT_S,
+        run_timeout_s=900.0,  # covers a request that waits out an engine restart
+        max_infra_retries=2,
+    )
+
+
+def _assert_nothing_left(family: type[ChaosSandboxFamily]) -> None:
+    assert _sandbox_processes(family.sandbox_ids) == []
+    assert _mounts_under(family.root) == []
+    assert sorted(p.name for p in family.root.iterdir()) == []
+
+
+def test_chaos_200_rollouts_engine_killed_and_restarted(
+    engine_server: EngineServer,
+    chaos_family: type[ChaosSandboxFamily],
+    tokenizer: Any,
+    model_dir: Path,
+) -> None:
+    tasks = chaos_family().make_tasks(100, 0, "eval")
+    samples = 2
+    kill_after = 60
+    client = OpenAICompatibleClient(
+        engine_server.url, str(model_dir), timeout_s=300, reconnect_s=300, probe_interval_s=1
+    )
+    stages = _stages(client, tokenizer, chaos_family)
+    out: list[Trajectory] = []
+    facts: dict[str, Any] = {}
+
+    async def restart() -> None:
+        facts["in_flight_at_kill"] = client.in_flight
+        facts["killed_at_s"] = time.monotonic() - start
+        engine_server.kill()
+        engine_server.start()
+        facts["restart_s"] = await asyncio.to_thread(engine_server.wait_ready)
+
+    async def scenario() -> None:
+        dispatcher = make_dispatcher(_settings(), stages, engine=client)
+        restarting: asyncio.Task[None] | None = None
+        try:
+            async for trajectory in dispatcher.rollouts(tasks, samples):
+                out.append(trajectory)
+                if len(out) == kill_after:
+                    restarting = asyncio.create_task(restart())
+            assert restarting is not None
+            await restarting
+            facts["peak_live_runtimes"] = dispatcher.peak_live_runtimes
+        finally:
+            await client.close()
+
+    start = time.monotonic()
+    asyncio.run(scenario())
+    wall = time.monotonic() - start
+
+    keys = [(t.task_id, t.sample_index) for t in out]
+    assert len(out) == len(tasks) * samples == len(set(keys)) == 200
+    by_fault: dict[str, list[Trajectory]] = {}
+    for t in out:
+        by_fault.setdefault(t.task_id.split("-", 2)[2], []).append(t)
+    statuses = Counter(str(t.status) for t in out)
+    retries = {f: sum(t.counters["infra_retries"] for t in ts) for f, ts in by_fault.items()}
+    summary = {
+        "wall_s": round(wall, 1),
+        "statuses": dict(statuses),
+        "infra_retries_by_fault": retries,
+        "rollouts_by_fault": {f: len(ts) for f, ts in by_fault.items()},
+        "engine_errors": len(stages.engine_errors),
+        "rewarded": sum(t.reward == 1.0 for t in out),
+        **{k: round(v, 1) if isinstance(v, float) else v for k, v in facts.items()},
+    }
+    print("CHAOS-SUMMARY", json.dumps(summary))
+    # Lost: nothing. Every fault was retried or scored, and each landed with its owner.
+    assert statuses[str(Status.INFRA_ERROR)] == 0, [t.error for t in out if t.error][:5]
+    assert all(t.reward is not None for t in out)
+    # Engine killed mid-run: the requests in flight failed fast as engine errors (never as a
+    # dead engine: it came back within reconnect_s) and their rollouts ran again.
+    assert facts["in_flight_at_kill"] > 0
+    assert stages.engine_errors and not any(isinstance(e, EngineDown) for e in stages.engine_errors)
+    assert sum(retries.values()) >= len(by_fault["grader_hang"]) + len(by_fault["host_full"]) + 1
+    # The policy filled its own disk: its command saw ENOSPC, the outcome is its own (scored).
+    assert len(stages.fills) == len(by_fault["policy_fill"]) == 20
+    assert all("No space left on device" in r.stderr for r in stages.fills.values())
+    # pytest hung in the policy's code: the grader's timeout, a failed test, reward 0.
+    hung = by_fault["policy_hang"]
+    assert all(t.reward == 0.0 and t.status is not Status.INFRA_ERROR for t in hung)
+    assert chaos_family.grades and all(r.timed_out for r in chaos_family.grades)
+    # pytest hung through no fault of the policy: infra (reward timeout), retried, then scored.
+    assert all(t.counters["infra_retries"] >= 1 for t in by_fault["grader_hang"])
+    assert len(stages.wedged) == len(by_fault["grader_hang"]) == 10
+    # The host disk was full while these started: infra, retried with a fresh sandbox.
+    assert list(stages.host_full.values()) == [errno.ENOSPC] * 10
+    assert all(t.counters["infra_retries"] >= 1 for t in by_fault["host_full"])
+    assert facts["peak_live_runtimes"] <= 64
+    _assert_nothing_left(chaos_family)
+    assert wall < 900  # no hang (generous: two engine start-ups on two busy cores)
+
+
+def test_chaos_engine_killed_for_good_stops_the_run_with_one_message(
+    engine_server: EngineServer,
+    chaos_family: type[ChaosSandboxFamily],
+    tokenizer: Any,
+    model_dir: Path,
+) -> None:
+    tasks = [t for t in chaos_family().make_tasks(40, 0, "eval") if _fault(t) == "none"][:16]
+    samples, kill_after = 3, 8
+    client = OpenAICompatibleClient(
+        engine_server.url, str(model_dir), timeout_s=300, reconnect_s=10, probe_interval_s=1
+    )
+    stages = _stages(client, tokenizer, chaos_family)
+    out: list[Trajectory] = []
+    facts: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        dispatcher = make_dispatcher(_settings(), stages, engine=client)
+        try:
+            async for trajectory in dispatcher.rollouts(tasks, samples):
+                out.append(trajectory)
+                if len(out) == kill_after:
+                    facts["in_flight_at_kill"] = client.in_flight
+                    facts["killed_at_s"] = time.monotonic() - start
+                    engine_server.kill()
+        finally:
+            await client.close()
+
+    start = time.monotonic()
+    with pytest.raises(EngineDown, match=r"the run stopped: .* is down; (\d+) of 48") as stop:
+        asyncio.run(scenario())
+    wall = time.monotonic() - start
+    keys = [(t.task_id, t.sample_index) for t in out]
+    assert len(out) == 48 == len(set(keys))
+    down = [t for t in out if t.stop_reason == "engine_down"]
+    finished = [t for t in out if t.stop_reason != "engine_down"]
+    print(
+        "CHAOS-STOP-SUMMARY",
+        json.dumps(
+            {
+                "wall_s": round(wall, 1),
+                "engine_down_records": len(down),
+                "finished_records": len(finished),
+                "statuses": dict(Counter(str(t.status) for t in out)),
+                "message": str(stop.value)[:300],
+                **{k: round(v, 1) if isinstance(v, float) else v for k, v in facts.items()},
+            }
+        ),
+    )
+    assert facts["in_flight_at_kill"] > 0 and len(down) > 0
+    assert all(t.status is Status.INFRA_ERROR and t.reward is None for t in down)
+    assert all(t.status is not Status.INFRA_ERROR and t.reward is not None for t in finished)
+    assert f"{len(down)} of 48" in str(stop.value)
+    _assert_nothing_left(chaos_family)
+    assert wall - facts["killed_at_s"] < 120  # stopped promptly after reconnect_s, no hang
