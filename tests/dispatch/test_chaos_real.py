@@ -466,6 +466,7 @@ def test_chaos_200_rollouts_engine_killed_and_restarted(
         "infra_retries_by_fault": retries,
         "rollouts_by_fault": {f: len(ts) for f, ts in by_fault.items()},
         "engine_errors": len(stages.engine_errors),
+        "resends": client.resends,
         "rewarded": sum(t.reward == 1.0 for t in out),
         **{k: round(v, 1) if isinstance(v, float) else v for k, v in facts.items()},
     }
@@ -473,11 +474,13 @@ def test_chaos_200_rollouts_engine_killed_and_restarted(
     # Lost: nothing. Every fault was retried or scored, and each landed with its owner.
     assert statuses[str(Status.INFRA_ERROR)] == 0, [t.error for t in out if t.error][:5]
     assert all(t.reward is not None for t in out)
-    # Engine killed mid-run: the requests in flight failed fast as engine errors (never as a
-    # dead engine: it came back within reconnect_s) and their rollouts ran again.
+    # Engine killed mid-run: every request in flight lost its connection at once, waited for
+    # the engine to answer again (never a dead engine: it came back within reconnect_s) and
+    # was sent again, so those rollouts went on; none failed for the engine.
     assert facts["in_flight_at_kill"] > 0
-    assert stages.engine_errors and not any(isinstance(e, EngineDown) for e in stages.engine_errors)
-    assert sum(retries.values()) >= len(by_fault["grader_hang"]) + len(by_fault["host_full"]) + 1
+    assert client.resends >= facts["in_flight_at_kill"]
+    assert not any(isinstance(e, EngineDown) for e in stages.engine_errors)
+    assert sum(retries.values()) >= len(by_fault["grader_hang"]) + len(by_fault["host_full"])
     # The policy filled its own disk: its command saw ENOSPC, the outcome is its own (scored).
     assert len(stages.fills) == len(by_fault["policy_fill"]) == 20
     assert all("No space left on device" in r.stderr for r in stages.fills.values())

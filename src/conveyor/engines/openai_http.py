@@ -7,11 +7,13 @@ the sampled tokens' logprobs. Text is never re-tokenized.
 Requests go through one `httpx.AsyncClient` per event loop, so every rollout's request is on the
 wire at once (a thread per request would cap the engine's batch at the thread pool's size) and a
 cancelled rollout cancels its request. Failures are `EngineError`s, and fast: a refused or reset
-connection fails at once rather than at the request timeout. After such a connection failure
-the client asks the server's `/models` until `reconnect_s` has passed: if the server answers,
-the request failed but the engine lives (the dispatcher retries the rollout); if it never does,
-the engine is down (`EngineDown`), this and every later request fail at once, and the
-dispatcher stops the run with that message.
+connection is noticed at once rather than at the request timeout. After such a connection
+failure the client asks the server's `/models` until `reconnect_s` has passed. If the server
+answers (it restarted, or it had closed an idle kept-alive connection), the request is sent
+once more: the lost generation is redone and the rollout goes on; should that fail too, it is
+an `EngineError` (the dispatcher retries the rollout). If the server never answers, the engine
+is down (`EngineDown`): this and every later request fail at once, and the dispatcher stops the
+run with that message.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 # Seconds one `/models` probe may take while the client decides whether the engine is down.
 _PROBE_TIMEOUT_S = 2.0
+# Idle kept-alive connections are dropped after this, before servers close them (uvicorn: 5 s),
+# so a request rarely goes out on a connection the server is closing.
+_KEEPALIVE_EXPIRY_S = 2.0
 
 
 class EngineDown(EngineError):
@@ -75,6 +80,7 @@ class OpenAICompatibleClient:
         self.reconnect_s = reconnect_s
         self.probe_interval_s = probe_interval_s
         self.down: EngineDown | None = None  # set once the engine is found down; never cleared
+        self.resends = 0  # requests sent again after their connection was lost
         self._in_flight = 0
         self._version = 0
         self._http: httpx.AsyncClient | None = None
@@ -145,6 +151,7 @@ class OpenAICompatibleClient:
                 limits=httpx.Limits(
                     max_connections=self.max_connections,
                     max_keepalive_connections=self.max_connections,
+                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
                 ),
                 trust_env=False,  # a proxy from the environment must not sit before the engine
             )
@@ -155,17 +162,28 @@ class OpenAICompatibleClient:
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
 
+        url = f"{self.base_url}/completions"
         try:
-            response = await self._client().post(f"{self.base_url}/completions", json=body)
+            try:
+                response = await self._client().post(url, json=body)
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.TimeoutException):
+                    raise
+                # Refused, reset or closed mid-answer: is the server still there at all?
+                lost = f"{self.base_url}: connection failed ({type(exc).__name__}: {exc})"
+                if not await self._alive():
+                    raise self._mark_down(lost) from exc
+                self.resends += 1
+                try:
+                    response = await self._client().post(url, json=body)
+                except httpx.TransportError as again:
+                    raise EngineError(
+                        f"{lost}; the server answers, but the request sent again failed too "
+                        f"({type(again).__name__}: {again})"
+                    ) from again
         except httpx.TimeoutException as exc:
             kind = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting"
             raise EngineError(f"{self.base_url}: timed out {kind} ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            # Refused, reset or closed mid-answer: is the server still there at all?
-            lost = f"{self.base_url}: connection failed ({type(exc).__name__}: {exc})"
-            if await self._alive():
-                raise EngineError(f"{lost}; the server answers again") from exc
-            raise self._mark_down(lost) from exc
         if response.status_code >= 400:
             detail = response.text[:500]
             raise EngineError(f"{self.base_url}: HTTP {response.status_code}: {detail}")
