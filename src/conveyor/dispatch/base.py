@@ -462,13 +462,15 @@ class Dispatcher:
             job,
         )
 
-    def _emit_infra_error(self, job: RolloutJob, error: str) -> None:
+    def _emit_infra_error(
+        self, job: RolloutJob, error: str, stop_reason: str = "infra_retries_exhausted"
+    ) -> None:
         job.timings["finished"] = self.now()
         record = Trajectory(
             task_id=job.task.id,
             sample_index=job.sample_index,
             status=Status.INFRA_ERROR,
-            stop_reason="infra_retries_exhausted",
+            stop_reason=stop_reason,
             error=error,
             timings=dict(job.timings),
             counters={"infra_retries": job.attempt},
@@ -478,17 +480,7 @@ class Dispatcher:
     def _emit_stopped(self, job: RolloutJob) -> None:
         assert self._stop is not None
         self._stopped += 1
-        job.timings["finished"] = self.now()
-        record = Trajectory(
-            task_id=job.task.id,
-            sample_index=job.sample_index,
-            status=Status.INFRA_ERROR,
-            stop_reason="engine_down",
-            error=str(self._stop),
-            timings=dict(job.timings),
-            counters={"infra_retries": job.attempt},
-        )
-        self._emit(record, job)
+        self._emit_infra_error(job, str(self._stop), stop_reason="engine_down")
 
     def _emit(self, trajectory: Trajectory, job: RolloutJob) -> None:
         job.trajectory = None
