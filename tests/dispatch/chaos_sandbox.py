@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,7 +29,7 @@ from conveyor.types import Task, ToolCall, Trajectory
 
 WORKSPACE_DISK = 8 * MiB  # each sandbox's own disk
 GRADER_TIMEOUT_S = 6.0  # the grader's pytest budget: a hang past it is a failed test
-REWARD_TIMEOUT_S = 20.0  # the dispatcher's reward budget: a grader stuck past it is infra
+REWARD_TIMEOUT_S = 30.0  # the dispatcher's reward budget: a grader stuck past it is infra
 HANGING_SOLUTION = "import time\n\ntime.sleep(10**6)\nVALUE = 1\n"
 TEST_SOLUTION = "from solution import VALUE\n\n\ndef test_value():\n    assert VALUE == 1\n"
 PYTEST = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -q -p no:cacheprovider"
@@ -147,6 +148,8 @@ class ScriptedChaosStages(AgentStages):
         self.disk_full = HostDiskFull(family.root)
         self.host_full: dict[tuple[str, int], int | None] = {}  # errno of the failed start
         self.engine_errors: list[EngineError] = []
+        # what each reward stage did and when (shown when a rollout is lost)
+        self.reward_trace: dict[tuple[str, int], list[str]] = {}
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
         if fault_of(task) == "host_full" and attempt == 0:
@@ -174,10 +177,18 @@ class ScriptedChaosStages(AgentStages):
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
         key = (task.id, trajectory.sample_index)
-        if fault_of(task) == "grader_hang" and key not in self.wedged:
-            self.wedged.add(key)
-            await runtime.exec(WEDGE, 10**6)  # cut by the dispatcher's reward timeout
-        return await super().reward(task, trajectory, runtime)
+        trace = self.reward_trace.setdefault(key, [])
+        trace.append(f"start {time.monotonic():.1f}")
+        try:
+            if fault_of(task) == "grader_hang" and key not in self.wedged:
+                self.wedged.add(key)
+                await runtime.exec(WEDGE, 10**6)  # cut by the dispatcher's reward timeout
+            scored = await super().reward(task, trajectory, runtime)
+        except BaseException as error:
+            trace.append(f"{type(error).__name__} {time.monotonic():.1f}")
+            raise
+        trace.append(f"end {time.monotonic():.1f}")
+        return scored
 
 
 class HostDiskFull:
