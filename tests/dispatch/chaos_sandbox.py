@@ -24,7 +24,6 @@ from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime
 from conveyor.runtime.limits import MiB
 from conveyor.runtime.workspace import Workspace, make_workspace
-from conveyor.tasks.family import register_family
 from conveyor.types import Task, ToolCall, Trajectory
 
 WORKSPACE_DISK = 8 * MiB  # each sandbox's own disk
@@ -69,9 +68,9 @@ class ChaosRuntime(BubblewrapRuntime):
         await asyncio.to_thread(self.task_workspace.remove)
 
 
-@register_family
 class ChaosSandboxFamily:
-    """Test-only family: write `hello` to /workspace/answer.txt with `bash`, then `finish`.
+    """Test-only family: write `hello` to /workspace/answer.txt with `bash`, then `finish`
+    (nameable only while a chaos test runs: its fixture registers it).
 
     Graded in the rollout's sandbox: `grep` for the answer, or, for `policy_hang` tasks, the
     task's pytest test of the policy's `solution.py` under `GRADER_TIMEOUT_S`.

@@ -51,6 +51,7 @@ from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.openai_http import EngineDown, OpenAICompatibleClient
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.limits import MARKER_ENV
+from conveyor.tasks import family as family_registry
 from conveyor.types import Status, Trajectory
 
 pytestmark = [
@@ -141,10 +142,14 @@ def engine_server(model_dir: Path) -> Iterator[EngineServer]:
 
 
 @pytest.fixture
-def chaos_family(tmp_path: Path) -> Iterator[type[ChaosSandboxFamily]]:
+def chaos_family(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[type[ChaosSandboxFamily]]:
     ok, why = bubblewrap_available()
     if not ok:
         pytest.skip(why)
+    # Nameable for this test only: the registry other tests list stays as it was.
+    monkeypatch.setitem(family_registry._FAMILIES, ChaosSandboxFamily.name, ChaosSandboxFamily)
     root = tmp_path / "workspaces"
     root.mkdir()
     # The host disk under the workspaces: small, so the test can fill it.
