@@ -15,6 +15,8 @@ from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
 from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.base import Dispatcher
+from conveyor.engines.base import EngineError
+from conveyor.engines.openai_http import EngineDown
 from conveyor.types import Status, Trajectory
 
 STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]
@@ -226,3 +228,75 @@ def test_bound_is_below_every_makespan() -> None:
 
     for strategy in STRATEGIES:
         assert run_virtual(makespan(strategy)) >= bound
+
+
+class _EngineDiesAfter(SimEnvironment):
+    """swe-sim whose engine goes down for good once `runs_before` run stages have ended (and
+    meanwhile, for one rollout, drops a connection while staying up: a plain engine error)."""
+
+    def __init__(self, runs_before: int) -> None:
+        clean = FAULTY.model_copy(
+            update={"init_failure_rate": 0.0, "tool_hang_rate": 0.0, "reward_failure_rate": 0.0}
+        )
+        super().__init__(clean, 1, SimEngine(clean, occupancy_reference=8))
+        self.runs_before = runs_before
+        self.runs_done = 0
+        self.down: EngineDown | None = None
+        self.flaked = False
+
+    def _check(self) -> None:
+        if self.down is not None:
+            raise self.down
+
+    async def first_turn(self, task: Any, sample_index: int, attempt: int) -> Any:
+        self._check()
+        head = await super().first_turn(task, sample_index, attempt)
+        self._check()
+        return head
+
+    async def run(self, task: Any, sample_index: int, runtime: Any, head: object = None) -> Any:
+        self._check()
+        if not self.flaked:
+            self.flaked = True
+            raise EngineError("connection reset; the server answers again")
+        trajectory = await super().run(task, sample_index, runtime, head)
+        self._check()  # a run that the dead engine cut short has no trajectory
+        self.runs_done += 1
+        if self.runs_done == self.runs_before:
+            self.down = EngineDown("http://engine/v1: connection refused for 30s, so it is down")
+        return trajectory
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_dead_engine_stops_the_run_with_every_rollout_recorded(strategy: str) -> None:
+    env = _EngineDiesAfter(runs_before=10)
+    assert env.engine is not None
+    settings = DispatchSettings(
+        strategy=strategy, max_parallel=8, p_init=4, p_run=8, p_reward=3, max_live_runtimes=10
+    )
+    out: list[Trajectory] = []
+
+    async def scenario() -> None:
+        assert env.engine is not None
+        env.engine.start()
+        dispatcher = make_dispatcher(settings, env, engine=env.engine)
+        try:
+            async for trajectory in dispatcher.rollouts(env.tasks(), FAULTY.samples_per_task):
+                out.append(trajectory)
+        finally:
+            await env.engine.close()
+
+    with pytest.raises(EngineDown, match=r"the run stopped: .*so it is down; (\d+) of 48") as err:
+        run_virtual(scenario())
+    keys = [(t.task_id, t.sample_index) for t in out]
+    assert len(out) == FAULTY.trajectories == len(set(keys))  # one record each, then the error
+    stopped = [t for t in out if t.stop_reason == "engine_down"]
+    scored = [t for t in out if t.reward is not None]
+    # Every run that ended before the engine died is scored, not thrown away.
+    assert len(scored) == env.runs_before and all(t.status is Status.OK for t in scored)
+    assert all(t.status is Status.INFRA_ERROR and t.reward is None for t in stopped)
+    assert len(stopped) + len(scored) == len(out)
+    assert f"{len(stopped)} of 48" in str(err.value)
+    # The flaky connection was an infra retry of its rollout, not a stop.
+    assert sum(t.counters["infra_retries"] for t in out) >= 1
+    assert env.live == 0  # every runtime closed

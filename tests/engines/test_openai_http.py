@@ -7,13 +7,16 @@ so the server starts as `python -m vllm.entrypoints.openai.api_server`, which is
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.loop import AgentLoop
 from conveyor.config import AgentConfig, SamplingConfig
 from conveyor.engines.base import EngineError, SampleRequest
-from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
+from conveyor.engines.openai_http import EngineDown, OpenAICompatibleClient, parse_completion
 from conveyor.tasks.family import get_family
 
 
@@ -65,9 +68,138 @@ def test_parse_completion_reads_ids_from_either_field() -> None:
 
 
 def test_unreachable_server_is_an_engine_error() -> None:
-    client = OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", timeout_s=2)
-    with pytest.raises(EngineError):
-        asyncio.run(client.sample(SampleRequest(prompt_ids=[1, 2], max_tokens=2)))
+    client = OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", timeout_s=2, reconnect_s=0)
+    request = SampleRequest(prompt_ids=[1, 2], max_tokens=2)
+    with pytest.raises(EngineDown, match="connection failed") as first:
+        asyncio.run(client.sample(request))
+    assert isinstance(first.value, EngineError)  # an infra failure like any engine error
+    # Down is final: later requests fail with the same error and never reach the wire.
+    with pytest.raises(EngineDown) as second:
+        asyncio.run(client.sample(request))
+    assert second.value is first.value and client.in_flight == 0
+
+
+def test_bad_client_limits_are_refused() -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", max_connections=0)
+    with pytest.raises(ValueError, match="reconnect_s"):
+        OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", reconnect_s=-1)
+
+
+_COMPLETION = {
+    "choices": [
+        {"token_ids": [5, 6], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1, -2]}}
+    ]
+}
+
+
+class _StandInServer:
+    """Test-only stand-in for an engine's HTTP front (a real socket server, canned answers):
+    the transport behaviours under test need a server we can make drop, stall and restart."""
+
+    def __init__(self, port: int = 0, *, drop: bool = False, barrier: int = 0) -> None:
+        self.drop = drop
+        self.barrier = threading.Barrier(barrier, timeout=20) if barrier else None
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer(200, {"data": [{"id": "m"}]})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if owner.drop:
+                    self.close_connection = True  # hang up without an answer
+                    return
+                if owner.barrier is not None:
+                    try:
+                        owner.barrier.wait()  # passes only when all are in flight at once
+                    except threading.BrokenBarrierError:
+                        self._answer(503, {"error": "requests were not concurrent"})
+                        return
+                self._answer(200, _COMPLETION)
+
+            def _answer(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 64  # the default backlog of 5 drops bursts of connections
+
+        self.httpd = Server(("127.0.0.1", port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_requests_are_on_the_wire_at_once() -> None:
+    # A thread per request capped them at the default thread pool (6 on two cores), and with
+    # them the engine's batch: all 16 must reach the server together.
+    server = _StandInServer(barrier=16)
+    client = OpenAICompatibleClient(server.url, "m", timeout_s=30)
+    request = SampleRequest(prompt_ids=[1], max_tokens=2)
+
+    async def go() -> list[Any]:
+        try:
+            return list(await asyncio.gather(*(client.sample(request) for _ in range(16))))
+        finally:
+            await client.close()
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        server.stop()
+    assert [r.token_ids for r in results] == [[5, 6]] * 16
+
+
+def test_a_dropped_request_on_a_live_server_is_a_retryable_engine_error() -> None:
+    server = _StandInServer(drop=True)
+    client = OpenAICompatibleClient(server.url, "m", timeout_s=30, reconnect_s=30)
+    request = SampleRequest(prompt_ids=[1], max_tokens=2)
+    try:
+        with pytest.raises(EngineError, match="sent again failed too") as caught:
+            asyncio.run(client.sample(request))
+        # Sent twice (the first loss may be a closed idle connection), then an infra failure of
+        # the rollout, not of the engine.
+        assert client.resends == 1
+        assert not isinstance(caught.value, EngineDown) and client.down is None
+        server.drop = False
+        assert asyncio.run(client.sample(request)).token_ids == [5, 6]
+    finally:
+        server.stop()
+
+
+def test_a_server_back_within_reconnect_s_is_not_down() -> None:
+    # The engine process restarts on its port while a request is failing: the request is sent
+    # again once the server answers, so the rollout goes on, and the client is not down.
+    server = _StandInServer()
+    port = server.port
+    server.stop()
+    restarted: list[_StandInServer] = []
+    timer = threading.Timer(1.5, lambda: restarted.append(_StandInServer(port)))
+    timer.start()
+    client = OpenAICompatibleClient(
+        f"http://127.0.0.1:{port}/v1", "m", timeout_s=30, reconnect_s=60, probe_interval_s=0.2
+    )
+    request = SampleRequest(prompt_ids=[1], max_tokens=2)
+    try:
+        assert asyncio.run(client.sample(request)).token_ids == [5, 6]
+        assert client.down is None and client.resends == 1 and restarted
+    finally:
+        timer.join()
+        for s in restarted:
+            s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,10 @@ rollout is fixed here, so every strategy has the same guarantees:
 - a run-stage overrun is the policy's: status `timeout`, still scored by the reward stage;
 - at most `max_live_runtimes` runtimes are alive at once, counted from init start to close end;
 - every runtime is closed, on success, failure and cancellation, and every scheduled rollout is
-  yielded exactly once.
+  yielded exactly once;
+- an engine that is down (`EngineDown`) stops the run: rollouts whose run stage has ended are
+  still scored, every other one is recorded as `infra_error` (stop reason `engine_down`) at
+  once, and after the last record `rollouts()` raises the engine's error, with the count.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.engines.openai_http import EngineDown
 from conveyor.runtime.base import Runtime
 from conveyor.types import Status, Task, TaskDefect, Trajectory, TrajectoryGroup
 
@@ -131,6 +135,8 @@ class Dispatcher:
         self._done = asyncio.Event()
         self._t0 = 0.0
         self._running = False
+        self._stop: EngineDown | None = None  # why the run stops, once the engine is down
+        self._stopped = 0  # rollouts recorded as infra_error because of `_stop`
 
     # -- public interface -------------------------------------------------------------------
 
@@ -161,6 +167,11 @@ class Dispatcher:
                 yield item
                 if self._emitted >= self._total and self._out.empty():
                     break
+            if self._stop is not None:
+                raise EngineDown(
+                    f"the run stopped: {self._stop}; {self._stopped} of {self._total} rollouts "
+                    "are recorded as infra_error (stop reason engine_down)"
+                ) from self._stop
         finally:
             await self._shutdown()
             self._running = False
@@ -231,6 +242,11 @@ class Dispatcher:
 
     async def _step(self, job: RolloutJob, stage: Stage) -> Stage | None:
         """Run one stage of one job; return the next stage (`None` once its record is out)."""
+        if self._stop is not None and stage is not Stage.REWARD:
+            # no engine to run it: recorded now rather than set up (or retried) in vain
+            await self._close(job)
+            self._emit_stopped(job)
+            return None
         try:
             if stage is Stage.INIT:
                 await self._init(job)
@@ -239,6 +255,11 @@ class Dispatcher:
                 await self._run(job)
                 return Stage.REWARD
             await self._reward(job)
+        except EngineDown as down:
+            self._stop = self._stop or down
+            await self._close(job)
+            self._emit_stopped(job)
+            return None
         except _InfraFault as fault:
             await self._close(job)
             if job.attempt >= self.settings.max_infra_retries:
@@ -310,7 +331,7 @@ class Dispatcher:
                 stop_reason="run_timeout",
                 error=f"run stage exceeded {self.settings.run_timeout_s:g}s",
             )
-        except TaskDefect:
+        except (TaskDefect, EngineDown):
             raise
         except Exception as error:
             raise _InfraFault(self._describe("run", error, False)) from error
@@ -441,18 +462,25 @@ class Dispatcher:
             job,
         )
 
-    def _emit_infra_error(self, job: RolloutJob, error: str) -> None:
+    def _emit_infra_error(
+        self, job: RolloutJob, error: str, stop_reason: str = "infra_retries_exhausted"
+    ) -> None:
         job.timings["finished"] = self.now()
         record = Trajectory(
             task_id=job.task.id,
             sample_index=job.sample_index,
             status=Status.INFRA_ERROR,
-            stop_reason="infra_retries_exhausted",
+            stop_reason=stop_reason,
             error=error,
             timings=dict(job.timings),
             counters={"infra_retries": job.attempt},
         )
         self._emit(record, job)
+
+    def _emit_stopped(self, job: RolloutJob) -> None:
+        assert self._stop is not None
+        self._stopped += 1
+        self._emit_infra_error(job, str(self._stop), stop_reason="engine_down")
 
     def _emit(self, trajectory: Trajectory, job: RolloutJob) -> None:
         job.trajectory = None
@@ -471,6 +499,7 @@ class Dispatcher:
         self._emitted = 0
         self._done = asyncio.Event()
         self._out = asyncio.Queue()
+        self._stop, self._stopped = None, 0
         self.peak_live_runtimes = self.live_runtimes
 
     def _jobs(self, tasks: Sequence[Task], samples: int) -> Iterator[RolloutJob]:

@@ -1,9 +1,19 @@
-"""A basic client for an OpenAI-compatible completions server (`vllm serve`, SGLang).
+"""A client for an OpenAI-compatible completions server (`vllm serve`, SGLang).
 
 Token ids go in as the `prompt` array; ids come back through vLLM's `return_token_ids` (or, on
 servers without it, `return_tokens_as_token_ids`, which writes each token as `token_id:N`), with
-the sampled tokens' logprobs. Text is never re-tokenized. Uses only the standard library, in a
-thread, so the core needs no HTTP dependency.
+the sampled tokens' logprobs. Text is never re-tokenized.
+
+Requests go through one `httpx.AsyncClient` per event loop, so every rollout's request is on the
+wire at once (a thread per request would cap the engine's batch at the thread pool's size) and a
+cancelled rollout cancels its request. Failures are `EngineError`s, and fast: a refused or reset
+connection is noticed at once rather than at the request timeout. After such a connection
+failure the client asks the server's `/models` until `reconnect_s` has passed. If the server
+answers (it restarted, or it had closed an idle kept-alive connection), the request is sent
+once more: the lost generation is redone and the rollout goes on; should that fail too, it is
+an `EngineError` (the dispatcher retries the rollout). If the server never answers, the engine
+is down (`EngineDown`): this and every later request fail at once, and the dispatcher stops the
+run with that message.
 """
 
 from __future__ import annotations
@@ -11,15 +21,33 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import urllib.error
-import urllib.request
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import EngineError, SampleRequest, SampleResult
 
+if TYPE_CHECKING:
+    import httpx
+
+# Seconds one `/models` probe may take while the client decides whether the engine is down.
+_PROBE_TIMEOUT_S = 2.0
+# Idle kept-alive connections are dropped after this, before servers close them (uvicorn: 5 s),
+# so a request rarely goes out on a connection the server is closing.
+_KEEPALIVE_EXPIRY_S = 2.0
+
+
+class EngineDown(EngineError):
+    """The engine stopped answering altogether: retrying rollouts cannot help, the run stops."""
+
 
 class OpenAICompatibleClient:
-    """`SamplingClient` over HTTP `/v1/completions`; the session id is sent as `user` (sticky)."""
+    """`SamplingClient` over HTTP `/v1/completions`; the session id is sent as `user` (sticky).
+
+    `timeout_s` bounds one request; `connect_timeout_s` a connection attempt;
+    `max_connections` the requests on the wire at once (more wait for a connection, which is
+    not a failure); `reconnect_s` how long a lost server may take to answer again before the
+    engine counts as down; `probe_interval_s` the pause between those probes.
+    """
 
     def __init__(
         self,
@@ -28,13 +56,37 @@ class OpenAICompatibleClient:
         *,
         api_key_env: str = "OPENAI_API_KEY",
         timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 256,
+        reconnect_s: float = 30.0,
+        probe_interval_s: float = 1.0,
     ) -> None:
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("max_connections", max_connections),
+            ("probe_interval_s", probe_interval_s),
+        ):
+            if value <= 0:
+                raise ValueError(f"OpenAICompatibleClient: {name} must be > 0, got {value}")
+        if reconnect_s < 0:
+            raise ValueError(f"OpenAICompatibleClient: reconnect_s must be >= 0, got {reconnect_s}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = os.environ.get(api_key_env, "")
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_connections = max_connections
+        self.reconnect_s = reconnect_s
+        self.probe_interval_s = probe_interval_s
+        self.down: EngineDown | None = None  # set once the engine is found down; never cleared
+        self.resends = 0  # requests sent again after their connection was lost
         self._in_flight = 0
         self._version = 0
+        self._http: httpx.AsyncClient | None = None
+        self._http_loop: asyncio.AbstractEventLoop | None = None
+        # One liveness check at a time: every request that lost its connection waits on it.
+        self._check: asyncio.Task[bool] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -72,35 +124,115 @@ class OpenAICompatibleClient:
         return body
 
     async def sample(self, request: SampleRequest) -> SampleResult:
-        """POST one completion request; a transport or server failure is an `EngineError`."""
+        """POST one completion request; a transport or server failure is an `EngineError`
+        (`EngineDown` once the server stopped answering for `reconnect_s`)."""
+        if self.down is not None:
+            raise self.down
         self._in_flight += 1
         try:
-            data = await asyncio.to_thread(self._post, self.payload(request))
+            data = await self._post(self.payload(request))
         finally:
             self._in_flight -= 1
         return parse_completion(data, self._version)
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(
-            f"{self.base_url}/completions",
-            data=json.dumps(body).encode(),
-            headers=headers,
-            method="POST",
-        )
+    def _client(self) -> httpx.AsyncClient:
+        """The HTTP client of the running loop (a client is bound to the loop that made it)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop:
+            headers = {"Content-Type": "application/json"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            self._http = httpx.AsyncClient(
+                headers=headers,
+                # No pool timeout: waiting for a free connection is queueing, not a failure.
+                timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s, pool=None),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=self.max_connections,
+                    keepalive_expiry=_KEEPALIVE_EXPIRY_S,
+                ),
+                trust_env=False,  # a proxy from the environment must not sit before the engine
+            )
+            self._http_loop = loop
+            self._check = None
+        return self._http
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        url = f"{self.base_url}/completions"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as response:
-                return dict(json.loads(response.read()))
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise EngineError(f"{self.base_url}: HTTP {exc.code}: {detail}") from exc
-        except (urllib.error.URLError, TimeoutError, OSError, json.JSONDecodeError) as exc:
-            raise EngineError(f"{self.base_url}: {exc}") from exc
+            try:
+                response = await self._client().post(url, json=body)
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.TimeoutException):
+                    raise
+                # Refused, reset or closed mid-answer: is the server still there at all?
+                lost = f"{self.base_url}: connection failed ({type(exc).__name__}: {exc})"
+                if not await self._alive():
+                    raise self._mark_down(lost) from exc
+                self.resends += 1
+                try:
+                    response = await self._client().post(url, json=body)
+                except httpx.TransportError as again:
+                    raise EngineError(
+                        f"{lost}; the server answers, but the request sent again failed too "
+                        f"({type(again).__name__}: {again})"
+                    ) from again
+        except httpx.TimeoutException as exc:
+            kind = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting"
+            raise EngineError(f"{self.base_url}: timed out {kind} ({type(exc).__name__})") from exc
+        if response.status_code >= 400:
+            detail = response.text[:500]
+            raise EngineError(f"{self.base_url}: HTTP {response.status_code}: {detail}")
+        try:
+            return dict(response.json())
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.base_url}: the answer is not a JSON object: {exc}") from exc
+
+    async def _alive(self) -> bool:
+        """Whether the server answers `/models` within `reconnect_s` (one check shared by all
+        requests that fail meanwhile)."""
+        if self._check is None or self._check.done():
+            self._check = asyncio.get_running_loop().create_task(self._probe_until_alive())
+        # Shielded: a cancelled rollout must not cancel the check others wait on.
+        return await asyncio.shield(self._check)
+
+    async def _probe_until_alive(self) -> bool:
+        import httpx
+
+        deadline = time.monotonic() + self.reconnect_s
+        while True:
+            try:
+                response = await self._client().get(
+                    f"{self.base_url}/models", timeout=_PROBE_TIMEOUT_S
+                )
+                if response.status_code < 500:
+                    return True
+            except httpx.HTTPError:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(self.probe_interval_s, left))
+
+    def _mark_down(self, lost: str) -> EngineDown:
+        if self.down is None:
+            self.down = EngineDown(
+                f"{lost}; the engine did not answer for {self.reconnect_s:g}s, so it is down"
+            )
+        return self.down
 
     async def close(self) -> None:
-        """Nothing to release: each request opens its own connection."""
+        """Close the connections of the current loop's client; idempotent."""
+        http, self._http, self._http_loop = self._http, None, None
+        if http is not None and not http.is_closed:
+            try:
+                await http.aclose()
+            except RuntimeError:  # made on a loop that is gone: nothing left to close there
+                pass
 
 
 def parse_completion(data: dict[str, Any], version: int = 0) -> SampleResult:

@@ -15,6 +15,10 @@ Methods (measured in docs/sandbox.md; `auto` is `overlay` where it can mount, el
 - `git-worktree`: `git worktree add` of a template that is a git repository. Its `.git` file
   points into the template's repository, which a sandbox does not mount: for host-side use only.
 
+`size_bytes` gives a workspace a disk of its own (root only; `overlay` and `copy`): the writable
+part lives on a tmpfs of that size (an overlay's layers, a copy's whole folder), so a command that
+fills its workspace gets "No space left on device" there and fills nobody else's disk.
+
 Each workspace `root/ws-<pid>-<id>` has a marker `root/ws-<pid>-<id>.owner` (the creating pid and
 its start time) written before the folder, so `sweep_stale(root)` can unmount and remove what a
 crashed process left behind. An overlay's layers live in `root/ws-<pid>-<id>.layers`.
@@ -89,17 +93,28 @@ def make_workspace(
     *,
     method: WorkspaceMethod = "auto",
     owner: tuple[int, int] | Literal["default"] | None = "default",
+    size_bytes: int | None = None,
 ) -> Workspace:
     """Make a private workspace under `root` from `template`.
 
     `owner` (uid, gid) is the user the sandbox runs as; what it may write is given to it:
     everything for `copy` and `git-worktree`, the folders for `hardlink` (whose shared files must
     not be writable by that user: checked, `PermissionError` otherwise), the template's files for
-    `overlay`. The default is the sandbox user when running as root.
+    `overlay`. The default is the sandbox user when running as root. `size_bytes` bounds what
+    may be written in the workspace (see the module doc).
     """
     if method not in get_args(WorkspaceMethod):
         known = ", ".join(get_args(WorkspaceMethod))
         raise ValueError(f"unknown workspace method {method!r}; use one of: {known}")
+    if size_bytes is not None:
+        if size_bytes <= 0:
+            raise ValueError(f"size_bytes must be > 0, got {size_bytes}")
+        if method not in ("auto", "overlay", "copy"):
+            raise ValueError(
+                f"size_bytes needs method overlay or copy (a disk of its own), not {method!r}"
+            )
+        if os.geteuid() != 0:
+            raise PermissionError("size_bytes needs root: each workspace mounts its own tmpfs")
     template = Path(template).resolve()
     if not template.is_dir():
         raise FileNotFoundError(f"workspace template {template} is not a folder")
@@ -116,9 +131,16 @@ def make_workspace(
     path, marker = root / name, root / (name + _MARKER_SUFFIX)
     record: dict[str, object] = {"pid": os.getpid(), "start_time": _start_time(os.getpid())}
     record |= {"template": str(template), "method": chosen}
-    marker.write_text(json.dumps(record))
+    try:
+        marker.write_text(json.dumps(record))
+    except BaseException:
+        marker.unlink(missing_ok=True)  # a full disk leaves the file made but empty
+        raise
     workspace = Workspace(path=path, template=template, method=chosen, marker=marker)
     try:
+        if size_bytes is not None:
+            # The writable part: an overlay's layers, or the whole copied folder.
+            _mount_tmpfs(_layers(path) if chosen == "overlay" else path, size_bytes)
         _populate(chosen, template, path, who)
     except BaseException:
         workspace.remove()
@@ -190,7 +212,8 @@ def overlay_available(root: Path) -> bool:
 
 
 class WorkspacePool:
-    """Makes workspaces under one root, sweeps stale ones at start and removes its own on close."""
+    """Makes workspaces under one root, sweeps stale ones at start and removes its own on close
+    (`make_workspace`'s arguments, for every workspace)."""
 
     def __init__(
         self,
@@ -198,17 +221,21 @@ class WorkspacePool:
         *,
         method: WorkspaceMethod = "auto",
         owner: tuple[int, int] | Literal["default"] | None = "default",
+        size_bytes: int | None = None,
     ):
         self.root = Path(root)
         self.method: WorkspaceMethod = method
         self.owner = owner
+        self.size_bytes = size_bytes
         self.root.mkdir(parents=True, exist_ok=True)
         self.swept = sweep_stale(self.root)
         self._live: list[Workspace] = []
 
     def create(self, template: Path) -> Workspace:
         """A new workspace from `template`, removed at the latest when the pool closes."""
-        workspace = make_workspace(template, self.root, method=self.method, owner=self.owner)
+        workspace = make_workspace(
+            template, self.root, method=self.method, owner=self.owner, size_bytes=self.size_bytes
+        )
         self._live = [w for w in self._live if not w.removed]
         self._live.append(workspace)
         return workspace
@@ -267,7 +294,7 @@ def time_methods(template: Path, root: Path, *, repeats: int = 5) -> dict[str, f
 
 def _run(argv: list[str], *, mkdir: Path | None = None) -> None:
     if mkdir is not None:
-        mkdir.mkdir()
+        mkdir.mkdir(exist_ok=True)  # exists when it is a workspace's own tmpfs
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise OSError(f"{' '.join(argv[:3])} ... failed: {done.stderr.strip()}")
@@ -304,6 +331,15 @@ def _mount_overlay(lower: Path, merged: Path, owner: tuple[int, int] | None = No
         raise OSError(errno, f"mounting an overlay at {merged} failed: {os.strerror(errno)}")
 
 
+def _mount_tmpfs(target: Path, size_bytes: int) -> None:
+    """A tmpfs of `size_bytes` at `target` (made here): a workspace's own disk."""
+    target.mkdir()
+    options = f"size={size_bytes},mode=0755".encode()
+    if _libc().mount(b"tmpfs", os.fsencode(target), b"tmpfs", 0, options) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mounting a tmpfs at {target} failed: {os.strerror(errno)}")
+
+
 def _check_protected(template: Path, owner: tuple[int, int]) -> None:
     """Hard links are only safe if `owner` cannot write the template's files in place."""
     uid, gid = owner
@@ -334,6 +370,8 @@ def _remove_tree(path: Path, method: str, template: Path) -> None:
             capture_output=True,
             check=False,
         )
+    if os.path.ismount(_layers(path)):  # an overlay's own tmpfs (`size_bytes`), under it
+        _libc().umount2(os.fsencode(_layers(path)), _MNT_DETACH)
     for tree in (path, _layers(path)):
         if tree.exists() or tree.is_symlink():
             shutil.rmtree(tree, ignore_errors=True)
