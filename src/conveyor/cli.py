@@ -152,13 +152,14 @@ def eval_command(
     set_: SetOption = None,
 ) -> None:
     """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
+    from conveyor.engines.base import EngineError
     from conveyor.eval import eval_main
     from conveyor.models import ModelError
 
     resolved = _load(config, set_)
     try:
         run_dir = eval_main(resolved)
-    except ModelError as exc:
+    except (ModelError, EngineError) as exc:
         _fail(str(exc))
     summary = json.loads((run_dir / "summary.json").read_text())
     overall = summary["overall"]
@@ -185,6 +186,7 @@ def train_command(
     import asyncio
 
     from conveyor.config import ConfigError
+    from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
     from conveyor.trainer.run import run_training
     from conveyor.trainer.weight_sync import WeightSyncError
@@ -192,7 +194,14 @@ def train_command(
     resolved = _load(config, set_)
     try:
         run_dir = asyncio.run(run_training(resolved, resume=resume, say=typer.echo))
-    except (ModelError, ConfigError, WeightSyncError, FileNotFoundError, FileExistsError) as exc:
+    except (
+        ModelError,
+        ConfigError,
+        EngineError,
+        WeightSyncError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as exc:
         _fail(str(exc))
     typer.echo(str(run_dir))
 

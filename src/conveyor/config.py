@@ -107,6 +107,23 @@ class EngineConfig(_Section):
     request_timeout_s: float = Field(
         default=120.0, gt=0, description="Wall-time limit of one generation request, in seconds."
     )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, description="engine.kind 'openai': limit of one connection attempt."
+    )
+    max_connections: int = Field(
+        default=256,
+        gt=0,
+        description="engine.kind 'openai': requests on the wire at once (more wait for a "
+        "connection; the dispatcher's run pool is what bounds the engine's load).",
+    )
+    reconnect_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="engine.kind 'openai': how long a server that stopped answering may take to "
+        "answer again (a lost request is then sent once more) before the engine counts as down "
+        "and the run stops with one message (every unfinished rollout recorded as infra_error, "
+        "stop reason engine_down).",
+    )
     weight_probe_tolerance: float | None = Field(
         default=None,
         gt=0,

@@ -48,7 +48,8 @@ from chaos_sandbox import (
 from conveyor.agent.chat import ChatRenderer
 from conveyor.config import AgentConfig, SamplingConfig
 from conveyor.dispatch import DispatchSettings, make_dispatcher
-from conveyor.engines.openai_http import EngineDown, OpenAICompatibleClient
+from conveyor.engines.base import EngineDown
+from conveyor.engines.openai_http import OpenAICompatibleClient
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.limits import MARKER_ENV
 from conveyor.tasks import family as family_registry

@@ -15,8 +15,7 @@ from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
 from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.base import Dispatcher
-from conveyor.engines.base import EngineError
-from conveyor.engines.openai_http import EngineDown
+from conveyor.engines.base import EngineDown, EngineError
 from conveyor.types import Status, Trajectory
 
 STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]

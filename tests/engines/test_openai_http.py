@@ -25,8 +25,8 @@ import pytest
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.loop import AgentLoop
 from conveyor.config import AgentConfig, SamplingConfig
-from conveyor.engines.base import EngineError, SampleRequest
-from conveyor.engines.openai_http import EngineDown, OpenAICompatibleClient, parse_completion
+from conveyor.engines.base import EngineDown, EngineError, SampleRequest
+from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
 from conveyor.tasks.family import get_family
 
 

@@ -28,7 +28,7 @@ from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
-from conveyor.engines.openai_http import EngineDown
+from conveyor.engines.base import EngineDown
 from conveyor.runtime.base import Runtime
 from conveyor.types import Status, Task, TaskDefect, Trajectory, TrajectoryGroup
 

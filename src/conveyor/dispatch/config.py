@@ -34,7 +34,10 @@ class DispatchSettings(DispatchConfig):
         agent = config.agent
         # The loop's budget excludes engine waits, each bounded by the engine's request timeout;
         # it is checked before each turn, so the last turn's tool call may run past it.
-        engine_bound = agent.max_turns * config.engine.request_timeout_s
+        per_request = config.engine.request_timeout_s
+        if config.engine.kind == "openai":
+            per_request += config.engine.reconnect_s  # a lost request waits for the server once
+        engine_bound = agent.max_turns * per_request
         loop_bound = agent.rollout_timeout_s + agent.tool_timeout_s
         return cls(
             **config.dispatch.model_dump(),

@@ -17,6 +17,10 @@ class EngineError(RuntimeError):
     """The engine failed through no fault of the policy (an infrastructure error)."""
 
 
+class EngineDown(EngineError):
+    """The engine stopped answering altogether: retrying rollouts cannot help, the run stops."""
+
+
 class SampleRequest(BaseModel):
     """One generation request: exact prompt token ids and the sampling settings for this turn."""
 

@@ -47,6 +47,9 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
             str(model_dir),
             api_key_env=engine.api_key_env,
             timeout_s=engine.request_timeout_s,
+            connect_timeout_s=engine.connect_timeout_s,
+            max_connections=engine.max_connections,
+            reconnect_s=engine.reconnect_s,
         )
     from conveyor.engines.simulated import SimulatedEngine
 

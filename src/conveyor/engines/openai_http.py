@@ -24,7 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from conveyor.engines.base import EngineError, SampleRequest, SampleResult
+from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SampleResult
 
 if TYPE_CHECKING:
     import httpx
@@ -34,10 +34,6 @@ _PROBE_TIMEOUT_S = 2.0
 # Idle kept-alive connections are dropped after this, before servers close them (uvicorn: 5 s),
 # so a request rarely goes out on a connection the server is closing.
 _KEEPALIVE_EXPIRY_S = 2.0
-
-
-class EngineDown(EngineError):
-    """The engine stopped answering altogether: retrying rollouts cannot help, the run stops."""
 
 
 class OpenAICompatibleClient:

@@ -11,6 +11,7 @@ the newest checkpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -79,9 +80,14 @@ async def evaluate(
 
     start = time.monotonic()
     dispatcher = make_dispatcher(DispatchSettings.from_config(config), stages)
-    trajectories = [t async for t in dispatcher.rollouts(tasks, 1)]
-    if trajectories_file is not None:
-        trajectories_file.write_text("".join(f"{t.to_json()}\n" for t in trajectories))
+    trajectories: list[Trajectory] = []
+    # Streamed, so the records a run got before it stopped (engine down) stay on disk.
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(trajectories_file.open("w")) if trajectories_file else None
+        async for trajectory in dispatcher.rollouts(tasks, 1):
+            trajectories.append(trajectory)
+            if sink is not None:
+                sink.write(f"{trajectory.to_json()}\n")
     report = eval_report(trajectories, tasks)
     report["seconds"] = time.monotonic() - start
     return report
