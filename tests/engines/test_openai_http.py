@@ -289,3 +289,27 @@ def test_rollouts_through_a_real_server_are_token_exact(
     request = SampleRequest(prompt_ids=prompt, max_tokens=16, temperature=1.0, seed=11)
     first, second = asyncio.run(client.sample(request)), asyncio.run(client.sample(request))
     assert first.token_ids == second.token_ids
+
+
+def test_connection_settings_reach_the_client_from_config(model_dir: Path) -> None:
+    from conveyor.config import load_config
+    from conveyor.dispatch.config import DispatchSettings
+    from conveyor.engines.factory import build_engine
+
+    overrides = [
+        "engine.kind=openai",
+        "engine.base_url=http://127.0.0.1:9/v1",
+        "engine.reconnect_s=7",
+        "engine.connect_timeout_s=1.5",
+        "engine.max_connections=12",
+    ]
+    config = load_config(None, overrides).config
+    client = build_engine(config, model_dir)
+    assert isinstance(client, OpenAICompatibleClient)
+    assert (client.reconnect_s, client.connect_timeout_s, client.max_connections) == (7, 1.5, 12)
+    # the dispatcher's safety net covers one reconnect wait per turn on top of the request limit
+    with_wait = DispatchSettings.from_config(config).run_timeout_s
+    without = DispatchSettings.from_config(
+        load_config(None, [*overrides[:2], "engine.reconnect_s=0"]).config
+    ).run_timeout_s
+    assert with_wait - without == config.agent.max_turns * 7
