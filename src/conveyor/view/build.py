@@ -1,0 +1,133 @@
+"""Turn a run folder into the page's embedded data, and write the HTML file.
+
+Token text is decoded here, once per distinct id, with the run's own tokenizer; the page stores
+the id -> text table and builds token spans only when a trajectory is opened, so a run of
+thousands of trajectories still opens quickly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conveyor.view.data import RunRecords, read_run
+from conveyor.view.page import render_page
+from conveyor.view.stats import summarize_source
+from conveyor.view.tokens import json_float, lay_out
+
+Decoder = Callable[[list[int]], dict[int, str]]
+_TRAJECTORY_KEYS = ("task_id", "sample_index", "status", "stop_reason", "error", "family", "source")
+
+
+@dataclass(frozen=True)
+class ViewResult:
+    """What `conveyor view` wrote: the file, and how many trajectories and token spans it holds."""
+
+    html: Path
+    trajectories: int
+    tokens: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `--json` contract: `{"html", "trajectories", "tokens"}`."""
+        return {"html": str(self.html), "trajectories": self.trajectories, "tokens": self.tokens}
+
+
+def tokenizer_decoder(model: str | None) -> Decoder:
+    """Decode ids one at a time with the tokenizer of `model` (a folder; None = embedded)."""
+    from conveyor.engines.factory import load_tokenizer
+    from conveyor.models import resolve_model_path
+
+    tokenizer = load_tokenizer(resolve_model_path(model))
+
+    def decode(ids: list[int]) -> dict[int, str]:
+        return {i: tokenizer.decode([i]) for i in ids}
+
+    return decode
+
+
+def run_model(records: RunRecords) -> str | None:
+    """The model path the run's config.yaml names (None = the embedded default)."""
+    path = (records.config.get("model") or {}).get("path")
+    return str(path) if path else None
+
+
+def page_data(records: RunRecords, decode: Decoder) -> tuple[dict[str, Any], int]:
+    """The JSON the page embeds, and the number of token spans it will show."""
+    trajectories = []
+    tokens = 0
+    ids: set[int] = set()
+    for index, record in enumerate(records.trajectories):
+        blocks = lay_out(record.get("turns") or [])
+        for block in blocks:
+            ids.update(block["ids"])
+            tokens += len(block["ids"])
+        entry = {key: record.get(key) for key in _TRAJECTORY_KEYS}
+        entry.update(
+            i=index,
+            step=record.get("step"),
+            superseded=bool(record.get("superseded_by_refill", False)),
+            reward=json_float(record.get("reward")),
+            timings=finite(record.get("timings") or {}),
+            counters=record.get("counters") or {},
+            metrics=finite(record.get("metrics") or {}),
+            messages=finite(record.get("messages") or []),
+            blocks=blocks,
+        )
+        trajectories.append(entry)
+    by_source: dict[str, list[dict[str, Any]]] = {name: [] for name in records.sources}
+    for record in records.trajectories:
+        if not record.get("superseded_by_refill"):
+            by_source[record["source"]].append(record)
+    data = {
+        "run": {"dir": str(records.run_dir), "name": records.run_dir.name, "kind": records.kind},
+        "sources": [
+            {"name": name, "summary": summarize_source(items)} for name, items in by_source.items()
+        ],
+        "reports": finite(records.reports),
+        "metrics": finite(records.metrics),
+        "trajectories": trajectories,
+        "vocab": {str(i): text for i, text in sorted(decode(sorted(ids)).items())},
+        "compare": compare_tasks(records.trajectories),
+        "warnings": records.warnings,
+    }
+    return data, tokens
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its `json_float` string (JSON has none)."""
+    if isinstance(value, float):
+        return json_float(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def compare_tasks(trajectories: Iterable[dict[str, Any]]) -> list[str]:
+    """Eval task ids present both before and after training; ones whose outcome changed first."""
+    before: dict[str, float] = {}
+    after: dict[str, float] = {}
+    for record in trajectories:
+        target = {"eval_before": before, "eval_after": after}.get(record["source"])
+        if target is not None:
+            target[str(record.get("task_id"))] = float(record.get("reward") or 0.0)
+    common = [task for task in before if task in after]
+    return sorted(common, key=lambda task: (before[task] == after[task], task))
+
+
+def write_view(
+    run_dir: Path, out: Path | None = None, model: str | None = None, decode: Decoder | None = None
+) -> ViewResult:
+    """Write the viewer of `run_dir` to `out` (default `RUN_DIR/view.html`)."""
+    records = read_run(run_dir)
+    if decode is None:
+        decode = tokenizer_decoder(model if model is not None else run_model(records))
+    data, tokens = page_data(records, decode)
+    target = out if out is not None else run_dir / "view.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_page(json.dumps(data, allow_nan=False), title=records.run_dir.name))
+    return ViewResult(target, len(data["trajectories"]), tokens)
