@@ -68,7 +68,7 @@ function lineChart(title, series) {
       ok.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(' ') + '"/>';
     out += ok.map((p) => `<circle cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[1]).toFixed(1)}" r="2.5" ` +
       `fill="${c}"><title>${esc(s.name)} step ${p[0]}: ${fmt(p[1], 4)}</title></circle>`).join('');
-    out += `<text x="${L + 6 + 120 * k}" y="${TOP + 10}" style="fill:${c}">${esc(s.name)}</text>`;
+    out += `<text x="${L + 6}" y="${TOP + 10 + 12 * k}" style="fill:${c}">${esc(s.name)}</text>`;
   });
   return out + '</svg>';
 }
