@@ -17,7 +17,8 @@ const fmt = (v, d = 3) => (v === null || v === undefined ? '–'
 const pct = (v) => (100 * v).toFixed(1) + '%';
 const chip = (status, n) => `<span class="chip st-${esc(status)}">${esc(status)}` +
   (n === undefined ? '' : ` ${n}`) + '</span>';
-const STAGES = {init: '#8fb3ee', head: '#f2b45a', run: '#3b73d9', reward: '#38a169'};
+// `head` (the early first turn) overlaps init and run, so it is drawn last, at half height.
+const STAGES = {init: '#8fb3ee', run: '#3b73d9', reward: '#38a169', head: '#f2b45a'};
 const SOURCE_LABEL = {eval: 'eval', eval_before: 'eval before training',
   eval_after_sft: 'eval after SFT', eval_after: 'eval after training', rollouts: 'training rollouts'};
 const main = document.getElementById('main');
@@ -100,7 +101,7 @@ function timeline(source) {
       const a = t.timings[s + '_start'], b = t.timings[s + '_end'];
       if (!Number.isFinite(a) || !Number.isFinite(b)) continue;
       out += `<rect x="${sx(a).toFixed(1)}" y="${r * rowH}" width="${Math.max(0.5, sx(b) - sx(a)).toFixed(1)}"` +
-        ` height="${Math.max(1, rowH - 1)}" fill="${c}"><title>${esc(t.task_id)}#${t.sample_index} ` +
+        ` height="${Math.max(1, (rowH - 1) / (s === 'head' ? 2 : 1))}" fill="${c}"><title>${esc(t.task_id)}#${t.sample_index} ` +
         `${s}: ${(b - a).toFixed(2)} s</title></rect>`;
     }
   });
