@@ -47,6 +47,15 @@ def test_a_folder_that_is_not_a_run_is_refused_with_its_reason(tmp_path: Path) -
     assert "not a run folder" in result.output
 
 
+def test_a_model_folder_without_a_tokenizer_is_refused(eval_run: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["view", str(eval_run), "--model", str(tmp_path / "nothing-here")]
+    )
+    assert result.exit_code == 2
+    assert "nothing-here" in result.output
+    assert not (eval_run / "view.html").exists()
+
+
 def _spans(page: Any, selector: str) -> list[list[dict[str, str]]]:
     return page.eval_on_selector_all(
         selector,
@@ -57,7 +66,7 @@ def _spans(page: Any, selector: str) -> list[list[dict[str, str]]]:
 
 
 def test_filter_open_and_tokens_equal_the_file(
-    eval_run: Path, tmp_path: Path, model_dir: Path, open_page: Any
+    eval_run: Path, tmp_path: Path, model_dir: Path, tokenizer: Any, open_page: Any
 ) -> None:
     out = tmp_path / "page.html"
     view(eval_run, out, model_dir)
@@ -98,6 +107,13 @@ def test_filter_open_and_tokens_equal_the_file(
     for spans, sample_ in zip(shown, samples, strict=True):
         assert [int(s["id"]) for s in spans] == sample_.input_ids
         assert [int(s["mask"]) for s in spans] == sample_.loss_mask
+    # Token text is the tokenizer's: the spans read back as the decoded sample.
+    text = page.eval_on_selector(
+        ".trajectory .sample",
+        "s => Array.from(s.querySelectorAll('span.tok')).map(t => "
+        "t.textContent.replaceAll('↵\\n', '\\n')).join('')",
+    )
+    assert text == tokenizer.decode(samples[0].input_ids)
     logprobs = [float(s["lp"]) for s in shown[0] if s["lp"] != ""]
     engine = [
         lp for t in record["turns"] if t["sample_index"] == 0 for lp in t["completion_logprobs"]

@@ -36,16 +36,23 @@ class ViewResult:
 
 
 def tokenizer_decoder(model: str | None) -> Decoder:
-    """Decode ids one at a time with the tokenizer of `model` (a folder; None = embedded)."""
-    from conveyor.engines.factory import load_tokenizer
+    """Decode ids one at a time with the tokenizer of `model` (a folder; None = embedded).
+
+    A folder's `tokenizer.json` is read with the `tokenizers` library alone: importing
+    transformers costs more than the rest of a 1,000-trajectory build together.
+    """
     from conveyor.models import resolve_model_path
 
-    tokenizer = load_tokenizer(resolve_model_path(model))
+    folder = resolve_model_path(model)
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
 
-    def decode(ids: list[int]) -> dict[int, str]:
-        return {i: tokenizer.decode([i]) for i in ids}
+        fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return lambda ids: {i: fast.decode([i], skip_special_tokens=False) for i in ids}
+    from conveyor.engines.factory import load_tokenizer
 
-    return decode
+    tokenizer = load_tokenizer(folder)
+    return lambda ids: {i: tokenizer.decode([i]) for i in ids}
 
 
 def run_model(records: RunRecords) -> str | None:
