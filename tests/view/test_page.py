@@ -196,6 +196,14 @@ def test_training_run_shows_curves_and_one_task_before_and_after(
     titles = page.eval_on_selector_all("svg.chart", "c => c.map(x => x.dataset.title)")
     assert titles == ["reward", "loss", "|trainer − engine| logprob"]
     assert page.locator("svg.chart").first.locator("circle").count() == 6  # 2 series x 3 steps
+    # Rollouts' stage times restart with each step's batch: one step's timeline at a time.
+    rollouts = page.locator("section.source[data-source=rollouts]")
+    assert rollouts.locator("svg.timeline rect[height]").count() > 0
+    assert rollouts.locator("select.timeline-step option").all_text_contents() == ["1", "2", "3"]
+    rollouts.locator("select.timeline-step").select_option("1")
+    titles = rollouts.locator("svg.timeline title").all_text_contents()
+    assert titles and all(t.startswith("filenav-train-0003#") for t in titles)
+    assert len(titles) == 3  # init, run, reward of the one rollout of step 1
     page.goto(out.resolve().as_uri() + "#compare")
     panes = page.locator(".side .trajectory")
     assert panes.count() == 2

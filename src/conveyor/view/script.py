@@ -83,9 +83,9 @@ function curves() {
   return `<section id="curves"><h2>Training curves <span class="muted">(metrics.jsonl, ` +
     `${D.metrics.length} steps)</span></h2><div class="charts">${charts}</div></section>`;
 }
-function timeline(source) {
-  const rows = T.filter((t) => t.source === source && !t.superseded && 'run_start' in t.timings);
-  if (!rows.length) return '';
+// Stage times are seconds since the dispatcher's batch started, and training starts a batch per
+// step, so a training run's timeline is drawn one step at a time.
+function timelineSvg(rows) {
   const start = (t) => Math.min(...Object.keys(STAGES).map((s) => t.timings[s + '_start'])
     .filter(Number.isFinite));
   rows.sort((a, b) => start(a) - start(b));
@@ -106,9 +106,32 @@ function timeline(source) {
     }
   });
   out += `<text x="${L}" y="${H - 6}">0 s</text><text x="${W - 70}" y="${H - 6}">${(t1 - t0).toFixed(1)} s</text></svg>`;
+  const cut = rows.length > shown.length ? `<p class="muted">first ${shown.length} of ${rows.length} rollouts</p>` : '';
+  return cut + out;
+}
+function timelineRows(source, step) {
+  return T.filter((t) => t.source === source && !t.superseded && 'run_start' in t.timings &&
+    (step === null || String(t.step) === String(step)));
+}
+function timeline(source) {
+  const rows = timelineRows(source, null);
+  if (!rows.length) return '';
+  const steps = [...new Set(rows.map((t) => t.step).filter((s) => s !== null && s !== undefined))]
+    .sort((a, b) => a - b);
+  const last = steps.length ? steps[steps.length - 1] : null;
+  const pick = steps.length ? ` <select class="timeline-step">${steps.map((s) => `<option` +
+    `${s === last ? ' selected' : ''}>${s}</option>`).join('')}</select>` : '';
   const legend = Object.entries(STAGES).map(([s, c]) => `<span style="color:${c}">■ ${s}</span>`).join('');
-  const cut = rows.length > shown.length ? ` (first ${shown.length} of ${rows.length} rollouts)` : '';
-  return `<h3>Dispatcher timeline${cut}</h3><div class="legend">${legend}</div>${out}`;
+  return `<h3>Dispatcher timeline${steps.length ? ', step' : ''}${pick}</h3><div class="legend">${legend}` +
+    `</div><div class="timeline-box">${timelineSvg(timelineRows(source, last))}</div>`;
+}
+function wireTimelines() {
+  main.querySelectorAll('section.source').forEach((sec) => {
+    const select = sec.querySelector('select.timeline-step');
+    if (select) select.addEventListener('change', () => {
+      sec.querySelector('.timeline-box').innerHTML = timelineSvg(timelineRows(sec.dataset.source, select.value));
+    });
+  });
 }
 function showSummary() {
   let html = D.warnings.map((w) => `<p class="warn">⚠ ${esc(w)}</p>`).join('');
@@ -123,6 +146,7 @@ function showSummary() {
       `${timeline(src.name)}</section>`;
   }
   main.innerHTML = html;
+  wireTimelines();
 }
 
 // ---------- list ----------
