@@ -239,3 +239,31 @@ def test_a_thousand_trajectory_run_opens(
     # Generous: the target (< 5 s) is measured in docs/viewer.md, not asserted on a shared machine.
     assert opened < 30_000
     assert log.errors == []
+
+
+def test_markup_in_a_run_file_is_shown_as_text_never_run(
+    tmp_path: Path, tokenizer: Any, model_dir: Path, open_page: Any
+) -> None:
+    hostile = '"><img src=x onerror="document.body.dataset.pwned=1">'
+    run = tmp_path / "run"
+    run.mkdir()
+    record = as_record(chosen_outcome_trajectory(tokenizer, "filenav-eval-0000"))
+    record.update(task_id=hostile, stop_reason=hostile, error=hostile, status=hostile)
+    record["metrics"][hostile] = 1.0
+    record["messages"].append({"role": hostile, "content": hostile, "name": hostile})
+    write_jsonl(run / "trajectories.jsonl", [record])
+    out = tmp_path / "page.html"
+    view(run, out, model_dir)
+    page, log = open_page(out, "#list")
+    assert page.locator("tr.traj-row").get_attribute("data-task-id") == hostile
+    page.locator("tr.traj-row").click()
+    assert page.locator(".trajectory").get_attribute("data-task-id") == hostile
+    page.goto(out.resolve().as_uri() + "#summary")
+    assert page.locator("img").count() == 0
+    assert page.evaluate("document.body.dataset.pwned") is None
+    assert log.errors == []
+    # A number field that is not a number is refused at build time, naming the trajectory.
+    record["counters"]["hints"] = "<img>"
+    write_jsonl(run / "trajectories.jsonl", [record])
+    result = CliRunner().invoke(app, ["view", str(run), "--model", str(model_dir)])
+    assert result.exit_code == 2 and "malformed field" in result.output

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.view.data import RunRecords, read_run
+from conveyor.view.data import RunFolderError, RunRecords, read_run
 from conveyor.view.page import render_page
 from conveyor.view.stats import summarize_source
 from conveyor.view.tokens import json_float, lay_out
 
 Decoder = Callable[[list[int]], dict[int, str]]
-_TRAJECTORY_KEYS = ("task_id", "sample_index", "status", "stop_reason", "error", "family", "source")
+_TRAJECTORY_KEYS = ("task_id", "status", "stop_reason", "error", "family", "source")
 
 
 @dataclass(frozen=True)
@@ -67,22 +67,16 @@ def page_data(records: RunRecords, decode: Decoder) -> tuple[dict[str, Any], int
     tokens = 0
     ids: set[int] = set()
     for index, record in enumerate(records.trajectories):
-        blocks = lay_out(record.get("turns") or [])
-        for block in blocks:
+        try:
+            entry = _entry(index, record)
+        except (TypeError, ValueError, KeyError) as error:
+            raise RunFolderError(
+                f"{records.run_dir}: {record.get('source')} trajectory {index} "
+                f"({record.get('task_id')}) has a malformed field: {error!r}"
+            ) from error
+        for block in entry["blocks"]:
             ids.update(block["ids"])
             tokens += len(block["ids"])
-        entry = {key: record.get(key) for key in _TRAJECTORY_KEYS}
-        entry.update(
-            i=index,
-            step=record.get("step"),
-            superseded=bool(record.get("superseded_by_refill", False)),
-            reward=json_float(record.get("reward")),
-            timings=finite(record.get("timings") or {}),
-            counters=record.get("counters") or {},
-            metrics=finite(record.get("metrics") or {}),
-            messages=finite(record.get("messages") or []),
-            blocks=blocks,
-        )
         trajectories.append(entry)
     by_source: dict[str, list[dict[str, Any]]] = {name: [] for name in records.sources}
     for record in records.trajectories:
@@ -101,6 +95,30 @@ def page_data(records: RunRecords, decode: Decoder) -> tuple[dict[str, Any], int
         "warnings": records.warnings,
     }
     return data, tokens
+
+
+def _entry(index: int, record: dict[str, Any]) -> dict[str, Any]:
+    """One trajectory as the page needs it. Numbers are coerced to numbers here because the page
+    writes them into HTML unescaped; strings it always escapes."""
+    entry: dict[str, Any] = {
+        key: None if record.get(key) is None else str(record[key]) for key in _TRAJECTORY_KEYS
+    }
+    entry["task_id"] = entry["task_id"] or ""
+    entry["status"] = entry["status"] or "ok"  # the `Trajectory` default
+    step = record.get("step")
+    entry.update(
+        i=index,
+        sample_index=int(record.get("sample_index", 0)),
+        step=None if step is None else int(step),
+        superseded=bool(record.get("superseded_by_refill", False)),
+        reward=json_float(record.get("reward")),
+        timings={str(k): json_float(v) for k, v in (record.get("timings") or {}).items()},
+        counters={str(k): int(v) for k, v in (record.get("counters") or {}).items()},
+        metrics={str(k): json_float(v) for k, v in (record.get("metrics") or {}).items()},
+        messages=finite(record.get("messages") or []),
+        blocks=lay_out(record.get("turns") or []),
+    )
+    return entry
 
 
 def finite(value: Any) -> Any:

@@ -16,10 +16,11 @@ from typing import Any
 _NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 
-def json_float(value: float | None) -> float | str | None:
+def json_float(value: float | str | None) -> float | str | None:
     """`value` as something `JSON.parse` accepts, with -inf (a logprob of 0 probability) kept."""
     if value is None:
         return None
+    value = float(value)
     if math.isnan(value):
         return "NaN"
     return _NON_FINITE.get(value, value)
@@ -39,14 +40,14 @@ def lay_out(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index in sorted(by_sample):
         group = by_sample[index]
         last = group[-1]
-        block = _empty_block(index, last["prompt_ids"] + last["completion_ids"])
+        block = _empty_block(index, _ints(last["prompt_ids"]) + _ints(last["completion_ids"]))
         for turn in group:
             start = len(turn["prompt_ids"])
-            completion = turn["completion_ids"]
+            completion = _ints(turn["completion_ids"])
             if block["ids"][start : start + len(completion)] == completion:
                 _fill(block, turn, start)
             else:
-                alone = _empty_block(index, turn["prompt_ids"] + completion, broken=True)
+                alone = _empty_block(index, _ints(turn["prompt_ids"]) + completion, broken=True)
                 _fill(alone, turn, start)
                 blocks.append(alone)
         blocks.append(block)
@@ -69,7 +70,7 @@ def _fill(block: dict[str, Any], turn: dict[str, Any], start: int) -> None:
     completion = turn["completion_ids"]
     end = start + len(completion)
     n = len(completion)
-    block["mask"][start:end] = _fit(turn.get("loss_mask", []), n, 0)
+    block["mask"][start:end] = _ints(_fit(turn.get("loss_mask", []), n, 0))
     block["lp"][start:end] = [json_float(v) for v in _fit(turn.get("completion_logprobs", []), n)]
     trainer = turn.get("trainer_logprobs")
     if trainer is not None:
@@ -85,3 +86,8 @@ def _fit(values: list[Any], n: int, fill: Any = None) -> list[Any]:
     """Exactly `n` values: a record with a short or long per-token list must not shift the
     tokens after it (the gap shows as blanks rather than as wrong values on later tokens)."""
     return list(values[:n]) + [fill] * (n - len(values))
+
+
+def _ints(values: list[Any]) -> list[int]:
+    """Integers, or a ValueError: the page writes these into HTML attributes unescaped."""
+    return [int(v) for v in values]
