@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from conveyor.cli import app
@@ -216,7 +215,6 @@ def test_training_run_shows_curves_and_one_task_before_and_after(
     assert log.errors == []
 
 
-@pytest.mark.slow
 def test_a_thousand_trajectory_run_opens(
     tmp_path: Path, eval_trajectories: list[Trajectory], model_dir: Path, open_page: Any
 ) -> None:

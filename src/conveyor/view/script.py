@@ -133,8 +133,17 @@ function wireTimelines() {
     });
   });
 }
+function runFacts() {
+  // summary.json: model, engine and wall time of an eval; stage timings of a training run.
+  const s = D.reports.summary || {};
+  const facts = [];
+  for (const key of ['model', 'engine', 'steps']) if (key in s) facts.push(`${key} ${esc(s[key])}`);
+  for (const key of ['wall_s', 'engine_start_s']) if (key in s) facts.push(`${key} ${fmt(s[key], 1)}`);
+  for (const [key, v] of Object.entries(s.timings || {})) facts.push(`${esc(key)} ${fmt(v, 1)}`);
+  return facts.length ? `<p class="muted run-facts">${facts.join(' · ')}</p>` : '';
+}
 function showSummary() {
-  let html = D.warnings.map((w) => `<p class="warn">⚠ ${esc(w)}</p>`).join('');
+  let html = runFacts() + D.warnings.map((w) => `<p class="warn">⚠ ${esc(w)}</p>`).join('');
   html += curves();
   for (const src of D.sources) {
     const o = src.summary.overall;
