@@ -216,6 +216,14 @@ def view_command(
         str | None,
         typer.Option(help="Tokenizer folder for token text (default: the model of config.yaml)."),
     ] = None,
+    max_rollouts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Training rollouts to embed at most; beyond it, whole steps evenly spaced "
+            "(first and last kept). Evaluations are always embedded in full.",
+        ),
+    ] = 2000,
     as_json: Annotated[
         bool, typer.Option("--json", help='Last line: {"html", "trajectories", "tokens"}.')
     ] = False,
@@ -226,7 +234,7 @@ def view_command(
     from conveyor.view.data import RunFolderError
 
     try:
-        result = write_view(run_dir, out, model)
+        result = write_view(run_dir, out, model, max_rollouts=max_rollouts)
     except (RunFolderError, ModelError) as exc:
         _fail(str(exc))
     if as_json:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from conveyor.types import Status, Trajectory
-from conveyor.view.build import compare_tasks
+from conveyor.view.build import compare_tasks, page_data, tokenizer_decoder
 from conveyor.view.data import RunFolderError, family_of, read_run
+from conveyor.view.select import shown_trajectories
 from conveyor.view.stats import pass_at_ks, summarize_source, wilson
 
 from .conftest import as_record, chosen_outcome_trajectory, write_jsonl
@@ -117,3 +118,39 @@ def test_a_training_folder_lists_every_source_and_pairs_eval_tasks(
         "filenav-eval-0000",
         "filenav-eval-0001",
     ]
+
+
+def _rollout_records(steps: int, per_step: int) -> list[dict[str, Any]]:
+    return [
+        {"source": "rollouts", "step": s, "task_id": f"filenav-train-{s:04d}", "sample_index": i}
+        for s in range(1, steps + 1)
+        for i in range(per_step)
+    ]
+
+
+def test_long_training_runs_show_whole_steps_evenly_spaced_with_first_and_last() -> None:
+    evals = [{"source": "eval_before", "task_id": "filenav-eval-0000"}]
+    records = evals + _rollout_records(10, 4)
+    shown, note = shown_trajectories(records, 12)
+    assert sorted({t["step"] for t in shown if "step" in t}) == [1, 5, 10]
+    assert evals[0] in shown and len(shown) == 1 + 12
+    assert note is not None and "3 of 10 steps" in note and "12 of 40 rollouts" in note
+    assert shown_trajectories(records, 40) == (records, None)
+    shown, note = shown_trajectories(records, 0)
+    assert shown == evals and note is not None
+    assert {t["step"] for t in shown_trajectories(records, 5)[0] if "step" in t} == {10}
+    with pytest.raises(ValueError, match="max_rollouts"):
+        shown_trajectories(records, -1)
+
+
+def test_the_page_says_which_steps_it_shows_and_counts_every_rollout(
+    tmp_path: Path, tokenizer: Any, model_dir: Path
+) -> None:
+    run = tmp_path / "train"
+    run.mkdir()
+    rollout = chosen_outcome_trajectory(tokenizer, "filenav-train-0000", status=Status.TRUNCATED)
+    write_jsonl(run / "rollouts.jsonl", [as_record(rollout, step=s) for s in range(1, 6)])
+    data, _ = page_data(read_run(run), tokenizer_decoder(str(model_dir)), max_rollouts=2)
+    assert [t["step"] for t in data["trajectories"]] == [1, 5]
+    assert any("2 of 5 steps" in w for w in data["warnings"])
+    assert data["sources"][0]["summary"]["overall"]["rollouts"] == 5

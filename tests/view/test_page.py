@@ -265,3 +265,18 @@ def test_markup_in_a_run_file_is_shown_as_text_never_run(
     write_jsonl(run / "trajectories.jsonl", [record])
     result = CliRunner().invoke(app, ["view", str(run), "--model", str(model_dir)])
     assert result.exit_code == 2 and "malformed field" in result.output
+
+
+def test_max_rollouts_reaches_the_page_from_the_command_line(
+    tmp_path: Path, tokenizer: Any, model_dir: Path
+) -> None:
+    run = tmp_path / "train"
+    run.mkdir()
+    rollout = chosen_outcome_trajectory(tokenizer, "filenav-train-0000", status=Status.TRUNCATED)
+    write_jsonl(run / "rollouts.jsonl", [as_record(rollout, step=s) for s in (1, 2, 3)])
+    args = ["view", str(run), "--model", str(model_dir), "--json"]
+    full = CliRunner().invoke(app, args)
+    thinned = CliRunner().invoke(app, [*args, "--max-rollouts", "1"])
+    assert json.loads(full.output.splitlines()[-1])["trajectories"] == 3
+    assert json.loads(thinned.output.splitlines()[-1])["trajectories"] == 1
+    assert CliRunner().invoke(app, [*args, "--max-rollouts", "-1"]).exit_code == 2

@@ -15,6 +15,7 @@ from typing import Any
 
 from conveyor.view.data import RunFolderError, RunRecords, read_run
 from conveyor.view.page import render_page
+from conveyor.view.select import DEFAULT_MAX_ROLLOUTS, shown_trajectories
 from conveyor.view.stats import summarize_source
 from conveyor.view.tokens import json_float, lay_out
 
@@ -61,12 +62,15 @@ def run_model(records: RunRecords) -> str | None:
     return str(path) if path else None
 
 
-def page_data(records: RunRecords, decode: Decoder) -> tuple[dict[str, Any], int]:
+def page_data(
+    records: RunRecords, decode: Decoder, max_rollouts: int = DEFAULT_MAX_ROLLOUTS
+) -> tuple[dict[str, Any], int]:
     """The JSON the page embeds, and the number of token spans it will show."""
     trajectories = []
     tokens = 0
     ids: set[int] = set()
-    for index, record in enumerate(records.trajectories):
+    shown, note = shown_trajectories(records.trajectories, max_rollouts)
+    for index, record in enumerate(shown):
         try:
             entry = _entry(index, record)
         except (TypeError, ValueError, KeyError) as error:
@@ -92,7 +96,7 @@ def page_data(records: RunRecords, decode: Decoder) -> tuple[dict[str, Any], int
         "trajectories": trajectories,
         "vocab": {str(i): text for i, text in sorted(decode(sorted(ids)).items())},
         "compare": compare_tasks(records.trajectories),
-        "warnings": records.warnings,
+        "warnings": [*records.warnings, *([note] if note else [])],
     }
     return data, tokens
 
@@ -145,13 +149,17 @@ def compare_tasks(trajectories: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def write_view(
-    run_dir: Path, out: Path | None = None, model: str | None = None, decode: Decoder | None = None
+    run_dir: Path,
+    out: Path | None = None,
+    model: str | None = None,
+    decode: Decoder | None = None,
+    max_rollouts: int = DEFAULT_MAX_ROLLOUTS,
 ) -> ViewResult:
     """Write the viewer of `run_dir` to `out` (default `RUN_DIR/view.html`)."""
     records = read_run(run_dir)
     if decode is None:
         decode = tokenizer_decoder(model if model is not None else run_model(records))
-    data, tokens = page_data(records, decode)
+    data, tokens = page_data(records, decode, max_rollouts)
     target = out if out is not None else run_dir / "view.html"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_page(json.dumps(data, allow_nan=False), title=records.run_dir.name))
