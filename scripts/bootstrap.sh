@@ -30,4 +30,12 @@ if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [
     || echo "warning: could not install bubblewrap (needed only by sandboxed runtimes)" >&2
 fi
 
+# The viewer's browser tests drive Debian's headless Chromium through playwright (from the `view`
+# extra, in `dev`); playwright's own browser download brings no browser that runs here.
+if ! command -v chromium-headless-shell >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && apt-get install -y -qq chromium-headless-shell) >/dev/null 2>&1 \
+    || echo "warning: could not install chromium-headless-shell (needed only by viewer tests)" >&2
+fi
+
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$VENV/bin/conveyor" models prepare

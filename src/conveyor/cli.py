@@ -215,6 +215,43 @@ def sft_command(
     train_command(config, [*(set_ or []), "train.steps=0"], None)
 
 
+@app.command("view")
+def view_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder of `conveyor eval` or `train`.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="HTML file to write (default RUN_DIR/view.html).")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Tokenizer folder for token text (default: the model of config.yaml)."),
+    ] = None,
+    max_rollouts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Training rollouts to embed at most; beyond it, whole steps evenly spaced "
+            "(first and last kept). Evaluations are always embedded in full.",
+        ),
+    ] = 2000,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Last line: {"html", "trajectories", "tokens"}.')
+    ] = False,
+) -> None:
+    """Write one self-contained HTML page to read a run: summary, trajectory list, tokens."""
+    from conveyor.models import ModelError
+    from conveyor.view.build import write_view
+    from conveyor.view.data import RunFolderError
+
+    try:
+        result = write_view(run_dir, out, model, max_rollouts=max_rollouts)
+    except (RunFolderError, ModelError) as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(result.as_dict()))
+    else:
+        typer.echo(f"{result.trajectories} trajectories, {result.tokens} tokens -> {result.html}")
+
+
 def main() -> None:
     """Console-script entry point."""
     sys.exit(app())
