@@ -8,16 +8,15 @@ sample, attempt) triples, so the dispatcher's own retries run out exactly where 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_llama import VOCAB, save_tiny_llama
+from tiny_llama import low_token_count, one_turn, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, DispatchConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.dispatch import DispatchSettings, make_dispatcher
-from conveyor.engines.base import SampleRequest
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.base import RuntimeFailure
 from conveyor.runtime.simulated import SimulatedRuntime
@@ -27,7 +26,7 @@ from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.jsonl import read_records
 from conveyor.trainer.loop import RLLoop, trainer_settings
 from conveyor.trainer.refill import refill
-from conveyor.types import Status, StopReason, Task, Trajectory, TrajectoryGroup, Turn
+from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
 
 GROUP = 4
 RETRIES = 1  # dispatch.max_infra_retries: attempts 0 and 1 in the first dispatch
@@ -63,25 +62,13 @@ class FlakyInitStages:
         return runtime
 
     async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
-        prompt = [1, 2, int(task.data["k"])]
-        seed = int(hashlib.sha256(f"{task.id}/{sample_index}".encode()).hexdigest()[:8], 16)
-        result = await self.engine.sample(
-            SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=seed)
-        )
-        turn = Turn(
-            prompt_ids=prompt,
-            completion_ids=result.token_ids,
-            completion_logprobs=result.logprobs,
-            loss_mask=[1] * len(result.token_ids),
-            policy_version=result.policy_version,
-            stop_reason=StopReason.LENGTH,
-        )
-        return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+        seed = int(sha256(f"{task.id}/{sample_index}".encode()).hexdigest()[:8], 16)
+        return await one_turn(self.engine, task, sample_index, seed)
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        ids = trajectory.turns[0].completion_ids
+        low, total = low_token_count(trajectory)
         # Never 0 for a real rollout, so a fake zero in a baseline would show.
-        share = (1 + sum(1 for i in ids if i < VOCAB // 2)) / (1 + len(ids))
+        share = (1 + low) / (1 + total)
         return trajectory.model_copy(update={"reward": share})
 
 

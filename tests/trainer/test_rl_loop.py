@@ -8,24 +8,23 @@ exports; only the task is synthetic.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_llama import VOCAB, save_tiny_llama
+from tiny_llama import low_token_count, one_turn, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
-from conveyor.engines.base import SampleRequest
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
 from conveyor.trainer.resume import prepare_resume
-from conveyor.types import StopReason, Task, Trajectory, Turn
+from conveyor.types import Task, Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +44,12 @@ class LowHalfStages:
         return runtime
 
     async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
-        prompt = [1, 2, int(task.data["k"])]
         key = f"{task.id}/{sample_index}/{self.engine.policy_version}".encode()
-        seed = int(hashlib.sha256(key).hexdigest()[:8], 16)
-        result = await self.engine.sample(
-            SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=seed)
-        )
-        turn = Turn(
-            prompt_ids=prompt,
-            completion_ids=result.token_ids,
-            completion_logprobs=result.logprobs,
-            loss_mask=[1] * len(result.token_ids),
-            policy_version=result.policy_version,
-            stop_reason=StopReason.LENGTH,
-        )
-        return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+        return await one_turn(self.engine, task, sample_index, int(sha256(key).hexdigest()[:8], 16))
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        ids = trajectory.turns[0].completion_ids
-        share = sum(1 for i in ids if i < VOCAB // 2) / len(ids)
+        low, total = low_token_count(trajectory)
+        share = low / total
         return trajectory.model_copy(update={"reward": share})
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_llama import VOCAB, random_batch, save_tiny_llama
+from tiny_llama import VOCAB, low_token_count, one_turn, random_batch, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.engines.base import SampleRequest, WeightFingerprint
@@ -30,7 +30,7 @@ from conveyor.trainer.weight_sync import (
     checked_sync,
     probe_ids,
 )
-from conveyor.types import StopReason, Task, TrainingSample, Trajectory, Turn
+from conveyor.types import Task, TrainingSample, Trajectory
 
 PROBE = list(range(3, 40))
 
@@ -120,22 +120,11 @@ class EngineStages:
         return runtime
 
     async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
-        prompt = [1, 2, int(task.data["k"])]
-        request = SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=sample_index)
-        result = await self.engine.sample(request)
-        turn = Turn(
-            prompt_ids=prompt,
-            completion_ids=result.token_ids,
-            completion_logprobs=result.logprobs,
-            loss_mask=[1] * len(result.token_ids),
-            policy_version=result.policy_version,
-            stop_reason=StopReason.LENGTH,
-        )
-        return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+        return await one_turn(self.engine, task, sample_index, seed=sample_index)
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        ids = trajectory.turns[0].completion_ids
-        share = sum(1 for i in ids if i < VOCAB // 2) / len(ids)
+        low, total = low_token_count(trajectory)
+        share = low / total
         return trajectory.model_copy(update={"reward": share})
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
+from conveyor.engines.base import SampleRequest
 from conveyor.trainer.backend import TrainBatch
-from conveyor.types import TrainingSample
+from conveyor.types import StopReason, Task, TrainingSample, Trajectory, Turn
 
 VOCAB = 256
 
@@ -54,3 +56,27 @@ def random_batch(
         )
         items.append((sample, rng.uniform(-1.0, 1.0)))
     return TrainBatch(items=items)
+
+
+async def one_turn(engine: Any, task: Task, sample_index: int, seed: int) -> Trajectory:
+    """A one-turn rollout of `task` on `engine`: 4 tokens sampled at temperature 1 after a
+    3-token prompt that names the task (`task.data["k"]`)."""
+    prompt = [1, 2, int(task.data["k"])]
+    result = await engine.sample(
+        SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=seed)
+    )
+    turn = Turn(
+        prompt_ids=prompt,
+        completion_ids=result.token_ids,
+        completion_logprobs=result.logprobs,
+        loss_mask=[1] * len(result.token_ids),
+        policy_version=result.policy_version,
+        stop_reason=StopReason.LENGTH,
+    )
+    return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+
+
+def low_token_count(trajectory: Trajectory) -> tuple[int, int]:
+    """(tokens from the lower half of the vocabulary, tokens) of the first turn: the toy reward."""
+    ids = trajectory.turns[0].completion_ids
+    return sum(1 for i in ids if i < VOCAB // 2), len(ids)
