@@ -148,7 +148,12 @@ def test_partial_credit_needs_every_pass_to_pass_test() -> None:
     xfail = TestRun(
         outcomes={t: TestOutcome(t, "xfailed") for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]}
     )
-    assert score_run(row, xfail)[0], "xfailed counts as passing, as in SWE-bench"
+    assert not score_run(row, xfail)[0], "for a reward only a real pass counts"
+    assert score_run(row, xfail, semantics="swebench")[0], "SWE-bench's report counts xfailed"
+    every = {t: TestOutcome(t, "passed") for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]}
+    assert score_run(row, TestRun(outcomes=every))[0]
+    void = TestRun(outcomes=every, violations=["duplicate or unknown report: x (call)"])
+    assert score_run(row, void)[:4] == (False, 0, 0, 0.0), "a void run passes nothing"
 
 
 @needs_sandbox

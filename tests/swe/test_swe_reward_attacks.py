@@ -13,19 +13,20 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from tiny_project import CALC, buggy_calc, tiny_row
+from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.family import SweFamily
+from conveyor.swe.grading import GradeReport, grade_runtime
 from conveyor.types import ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
 
 # Forces every pytest report to "passed", installed from wherever the attack gets to run code.
-FORCE_PASS = '''
+FORCE_PASS = """
 def _force_pass():
     from _pytest import reports
 
@@ -37,7 +38,7 @@ def _force_pass():
         self.longrepr = None
 
     reports.TestReport.__init__ = init
-'''
+"""
 
 Edit = tuple[str, str, str | None]  # (path, old text or "" to create, new text)
 
@@ -48,10 +49,15 @@ def _fix() -> Edit:
 
 def _rollout(edits: Sequence[Edit], row: SweRow | None = None) -> float:
     """Apply `edits` with `str_replace_editor` in a real rollout workspace; the family's reward."""
+    return _graded(edits, row).reward
+
+
+def _graded(edits: Sequence[Edit], row: SweRow | None = None) -> GradeReport:
+    """The grade behind `_rollout`'s reward (`SweFamily.score` is `grade_runtime(...).reward`)."""
     family = SweFamily()
     task = family.task(row or tiny_row())
 
-    async def main() -> float:
+    async def main() -> GradeReport:
         runtime = await family.make_runtime(task)
         try:
             ctx = ToolContext(task=task, runtime=runtime)
@@ -68,7 +74,9 @@ def _rollout(edits: Sequence[Edit], row: SweRow | None = None) -> float:
                     max_output_chars=10_000,
                 )
                 assert not outcome.is_error, outcome.output
-            return await family.score(task, None, runtime)
+            report = await grade_runtime(SweRow.model_validate(task.data["row"]), runtime)
+            assert report.reward == await family.score(task, None, runtime)
+            return report
         finally:
             await runtime.close()
 
@@ -82,11 +90,12 @@ def test_the_real_fix_scores_one_and_nothing_scores_zero() -> None:
 
 @pytest.mark.parametrize("call", ["pytest.xfail('known issue')", "pytest.skip('not here')"])
 def test_xfail_or_skip_from_library_code_scores_zero(call: str) -> None:
-    body = f"    import pytest\n\n    {call}\n    return a - b"
-    assert _rollout([("tinycalc/__init__.py", "    return a - b", body)]) == 0.0
+    body = f"    import pytest\n\n    {call}\n    return a + b"
+    report = _graded([("tinycalc/__init__.py", "    return a - b", body)])
+    assert report.reward == 0.0 and report.f2p_passed == 0 and report.p2p_passed == 3
 
 
-FORGE_ENV = '''
+FORGE_ENV = """
 import atexit, json, os
 
 
@@ -100,9 +109,9 @@ def _forge():
 
 
 atexit.register(_forge)
-'''
+"""
 
-FORGE_FDS = '''
+FORGE_FDS = """
 import atexit, json, os
 
 
@@ -119,7 +128,7 @@ def _forge():
 
 
 atexit.register(_forge)
-'''
+"""
 
 
 @pytest.mark.parametrize("forger", [FORGE_ENV, FORGE_FDS], ids=["env_path", "every_fd"])
@@ -129,11 +138,13 @@ def test_forged_outcome_records_score_zero(forger: str) -> None:
 
 def test_library_init_patching_pytest_at_import_scores_zero() -> None:
     payload = FORCE_PASS + "\n\n_force_pass()\n"
-    assert _rollout([("tinycalc/__init__.py", '"""Tiny calculator."""', payload)]) == 0.0
+    report = _graded([("tinycalc/__init__.py", '"""Tiny calculator."""', payload)])
+    assert report.reward == 0.0
+    assert report.violations == ["tampering: _pytest.reports.TestReport.__init__"]
 
 
 SHADOW = (
-    '''
+    """
 import importlib, os, sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -142,7 +153,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 del sys.modules[__name__]
 sys.modules[__name__] = importlib.import_module(__name__)
 sys.path[:] = _saved
-'''
+"""
     + FORCE_PASS
     + "\n\n_force_pass()\n"
 )
@@ -150,7 +161,9 @@ sys.path[:] = _saved
 
 @pytest.mark.parametrize("name", ["signal.py", "json.py"])
 def test_a_stdlib_module_shadowed_from_the_project_scores_zero(name: str) -> None:
-    assert _rollout([(name, "", SHADOW)]) == 0.0
+    report = _graded([(name, "", SHADOW)])
+    assert report.reward == 0.0
+    assert report.dropped_paths == {name: "shadows a standard-library module"}
     assert _rollout([(name, "", SHADOW), _fix()]) == 1.0
 
 
@@ -161,16 +174,12 @@ HOOK = FORCE_PASS + "\n\n_force_pass()\n"
     "path", ["sitecustomize/__init__.py", "usercustomize.py", "tinycalc/sitecustomize.py"]
 )
 def test_interpreter_start_up_hooks_score_zero(path: str) -> None:
-    assert _rollout([(path, "", HOOK)]) == 0.0
+    report = _graded([(path, "", HOOK)])
+    assert report.reward == 0.0
+    assert report.dropped_paths == {path: "interpreter start-up or byte code"}
     assert _rollout([(path, "", HOOK), _fix()]) == 1.0
 
 
 def test_the_grade_folder_is_protected() -> None:
     forged = '{"kind": "test", "nodeid": "tests/test_calc.py::test_add", "outcome": "passed"}\n'
     assert _rollout([(".conveyor-grade/outcomes.jsonl", "", forged * 3)]) == 0.0
-
-
-def test_the_fix_alone_still_scores_one_after_an_attack_is_reverted() -> None:
-    # A forged record next to the real fix: the fix counts, the forgery adds nothing.
-    assert _rollout([_fix(), ("tinycalc/__init__.py", '"""Tiny calculator."""', FORGE_ENV)]) == 1.0
-    assert CALC.count("return a + b") == 1 and "a - b" in buggy_calc()

@@ -33,6 +33,7 @@ from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import PYPI_PREFIX, RowEnvironment, SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
+    project_metadata,
     project_source,
     safe_name,
     swe_home,
@@ -94,6 +95,7 @@ class ProjectContext:
     layout: ProjectLayout
     spec: ProjectSpec
     env: TestEnvironment
+    metadata: Path | None = None
 
     @property
     def row_environment(self) -> RowEnvironment:
@@ -113,6 +115,7 @@ def prepare_project(spec: ProjectSpec, version: str | None = None) -> ProjectCon
         layout=detect_layout(root),
         spec=spec,
         env=test_environment(list(spec.extra_test_deps)),
+        metadata=project_metadata(spec.name, resolved),
     )
 
 
@@ -179,7 +182,12 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
         source = f"/workspace/{ctx.layout.pythonpath}"
         cmd = f"python -m coverage run --rcfile={rc} --data-file={data} --source={source} -m pytest"
         first = await run_tests(
-            ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, test_cmd=cmd
+            ws.path,
+            ctx.env,
+            paths=paths,
+            pythonpath=ctx.layout.pythonpath,
+            test_cmd=cmd,
+            metadata=ctx.metadata,
         )
         report = f"/workspace/{GRADE_DIR}/coverage.json"
         runtime = make_test_runtime(ws.path, ctx.env)
@@ -193,7 +201,9 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
             await runtime.close()
         covered = _read_coverage(ws.path / GRADE_DIR / "coverage.json", ctx)
     with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
-        second = await run_tests(ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath)
+        second = await run_tests(
+            ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, metadata=ctx.metadata
+        )
     suite = {
         "first_passed": sorted(first.passed()),
         "second_passed": sorted(second.passed()),
@@ -256,6 +266,7 @@ async def evaluate_mutant(ctx: ProjectContext, baseline: Baseline, mutant: Mutat
             pythonpath=ctx.layout.pythonpath,
             per_test_timeout_s=MUTANT_TEST_TIMEOUT_S,
             run_timeout_s=60 + 4 * baseline.seconds,
+            metadata=ctx.metadata,
         )
     return judge(baseline, run)
 
@@ -264,6 +275,8 @@ def judge(baseline: Baseline, run: TestRun) -> Verdict:
     """Keep/reject a mutant from its test run."""
     if run.timed_out:
         return Verdict(False, "timeout")
+    if run.violations:
+        return Verdict(False, "invalid_run")
     if run.collect_errors:
         return Verdict(False, "collection_error")
     outcomes = [run.outcome(t) for t in baseline.passed]
