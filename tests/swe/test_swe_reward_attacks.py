@@ -13,14 +13,16 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
+from tiny_plugin_project import plugin_row
 from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import GradeReport, grade_runtime
-from conveyor.types import ToolCall
+from conveyor.swe.grading import GradeReport, grade, grade_runtime
+from conveyor.swe.patches import file_diff
+from conveyor.types import TaskDefect, ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
@@ -183,3 +185,37 @@ def test_interpreter_start_up_hooks_score_zero(path: str) -> None:
 def test_the_grade_folder_is_protected() -> None:
     forged = '{"kind": "test", "nodeid": "tests/test_calc.py::test_add", "outcome": "passed"}\n'
     assert _rollout([(".conveyor-grade/outcomes.jsonl", "", forged * 3)]) == 0.0
+
+
+def test_the_projects_own_pytest11_plugin_never_loads() -> None:
+    """The project is installed (its metadata and entry points work: the fix scores 1), but its
+    `pytest11` entry point points at library code the policy edits; it must not load."""
+    row = plugin_row()
+    fix = ("tinyplug/__init__.py", "return a - b", "return a + b")
+    assert _rollout([fix], row) == 1.0
+    assert _rollout([], row) == 0.0
+    plugin = "tinyplug/plugin.py"
+    attack = _graded([(plugin, '"""The project', FORCE_PASS_HOOK + '"""The project')], row)
+    assert attack.reward == 0.0 and attack.f2p_passed == 0 and attack.p2p_passed == 1
+
+
+FORCE_PASS_HOOK = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+
+
+"""
+
+
+def test_a_hidden_test_patch_that_does_not_apply_is_a_task_defect() -> None:
+    broken = tiny_row("tinycalc__broken_test_patch").model_copy(
+        update={"test_patch": file_diff("tests/test_calc.py", "not the file\n", "x\n")}
+    )
+    with pytest.raises(TaskDefect, match=r"tinycalc__broken_test_patch.*does not apply"):
+        _rollout([_fix()], broken)
+    with pytest.raises(TaskDefect, match="tinycalc__broken_test_patch"):
+        asyncio.run(grade(broken, ""))

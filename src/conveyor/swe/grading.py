@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 
 from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
-from conveyor.runtime.limits import SandboxLimits
+from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
@@ -178,6 +178,12 @@ async def run_tests(
         args = sorted({nodeid.split("::")[0] for nodeid in select})
         if not args:
             return TestRun()
+    # A scratch folder of the test command's own (coverage data, ...): nothing graded is read
+    # from it.
+    scratch = workspace / GRADE_DIR
+    scratch.mkdir(exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(scratch, SANDBOX_UID, SANDBOX_GID)
     home = swe_home() / "grades"
     home.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(prefix="run-", dir=home))

@@ -5,8 +5,10 @@ Stand-alone (no conveyor imports). The grader's bootstrap (`pytest_bootstrap.py`
 to `pytest.main`. Nothing is read from the environment, so the test process cannot redirect it.
 
 Lines written to the outcome channel (a file descriptor the grader opened outside the sandbox):
-- `{"kind": "report", "nodeid", "when", "outcome", "wasxfail", "exc_type", "message",
-  "duration"}`: one per phase (setup, call, teardown) as pytest finally saw it;
+- `{"kind": "report", "nodeid", "when", "outcome", "wasxfail", "subtest", "exc_type",
+  "message", "duration"}`: one per phase (setup, call, teardown) as pytest finally saw it, plus
+  one per subtest (`subtest: true`: reports made while the test function runs, e.g. unittest's
+  `subTest`), which can only fail their test;
 - `{"kind": "collect_error", "nodeid", "message"}`: a module that failed to import or collect;
 - `{"kind": "collected", "nodeids"}`: the items left after the selection, once.
 The grader folds the phases into one outcome per test and rejects duplicates.
@@ -25,7 +27,7 @@ from typing import Any
 import pytest
 
 _MESSAGE_CHARS = 600
-_settings: dict[str, Any] = {"write": None, "select": None, "timeout_s": 0.0}
+_settings: dict[str, Any] = {"write": None, "select": None, "timeout_s": 0.0, "in_call": None}
 
 
 class TestTimeout(Exception):
@@ -88,6 +90,16 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: Any) -> Any:
+    """Mark the test function's run: reports made meanwhile are its subtests'."""
+    _settings["in_call"] = item.nodeid
+    try:
+        yield
+    finally:
+        _settings["in_call"] = None
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     """Write the phase's report as pytest will see it (outermost wrapper: after every other
@@ -100,6 +112,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         "when": report.when,
         "outcome": report.outcome,
         "wasxfail": hasattr(report, "wasxfail"),
+        "subtest": report.when == "call" and _settings["in_call"] == item.nodeid,
         "exc_type": None,
         "message": None,
         "duration": float(getattr(report, "duration", 0.0)),

@@ -4,7 +4,8 @@ The test process writes phase reports, collection errors, the collected node ids
 session record (see `outcomes_plugin.py`, `pytest_bootstrap.py`) to a file descriptor the grader
 opened outside the sandbox. Library code runs in that process and could write to the channel
 too, so nothing in it is believed alone (`read_channel`):
-- every (test, phase) is reported at most once, the session record exactly once and last;
+- every (test, phase) is reported at most once, the session record exactly once and last
+  (subtest reports may be many: they can only turn their test into a failure);
 - reports name only collected tests, and a run that exits 0 reported every collected test;
 - the session's exit status equals the process's, and agrees with the outcomes: 0 iff no test
   failed or errored and nothing failed to collect;
@@ -87,6 +88,7 @@ def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
     """The run described by the channel's lines, checked against the process's exit status."""
     run = TestRun(timed_out=timed_out, exit_code=exit_code)
     phases: dict[str, dict[str, dict[str, Any]]] = {}
+    failed_subtests: set[str] = set()
     session: dict[str, Any] | None = None
     collected: list[str] | None = None
     for number, line in enumerate(text.splitlines(), start=1):
@@ -99,7 +101,10 @@ def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
         except (ValueError, KeyError, TypeError):
             run.violations.append(f"line {number} of the channel is not a record")
             continue
-        if kind == "report":
+        if kind == "report" and record.get("subtest"):
+            if record.get("outcome") == "failed":
+                failed_subtests.add(str(record.get("nodeid")))
+        elif kind == "report":
             nodeid, when = str(record.get("nodeid")), str(record.get("when"))
             seen = phases.setdefault(nodeid, {})
             if when not in PHASES or when in seen:
@@ -118,6 +123,9 @@ def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
         else:
             run.violations.append(f"unexpected record kind {kind!r} (line {number})")
     run.outcomes = {nodeid: fold(nodeid, seen) for nodeid, seen in phases.items()}
+    for nodeid in failed_subtests & set(run.outcomes):
+        if run.outcomes[nodeid].outcome in ("passed", "xpassed"):
+            run.outcomes[nodeid] = TestOutcome(nodeid, "failed", "call", "subtest failed")
     run.collected = collected or []
     if not timed_out:
         run.violations += _cross_check(run, phases, session, collected)
