@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.swe.guards import guard_patch, package_dirs, protection_reason
+from conveyor.swe.guards import guard_patch, package_dirs, project_modules, protection_reason
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees, file_diff, split_patch
 
 
@@ -65,6 +65,8 @@ def test_split_patch_keeps_removed_lines_that_look_like_headers() -> None:
         ("json/__init__.py", "shadows a standard-library module"),
         ("src/json.py", "shadows a standard-library module"),
         ("pkg/json.py", None),
+        ("src/hypothesis/__init__.py", "shadows a module of the test environment"),
+        ("pkg/hypothesis.py", None),
         (".conveyor-grade/outcomes.jsonl", "the grader's folder"),
         ("pkg/evil.pth", "interpreter start-up or byte code"),
         ("pkg/__pycache__/mod.cpython-311.pyc", "interpreter start-up or byte code"),
@@ -86,6 +88,8 @@ def test_package_dirs_are_the_folders_with_an_init(tmp_path: Path) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("")
     assert package_dirs(tmp_path) == {"src/pkg", "src/pkg/sub"}
+    assert project_modules(tmp_path / "src") == {"pkg"}
+    assert project_modules(tmp_path) == {"setup"}
 
 
 def test_guard_patch_keeps_only_library_changes() -> None:

@@ -47,7 +47,7 @@ from conveyor.swe.environment import (
     task_template,
 )
 from conveyor.swe.environment import test_environment as build_test_environment
-from conveyor.swe.guards import guard_patch, package_dirs
+from conveyor.swe.guards import guard_patch, package_dirs, project_modules
 from conveyor.swe.local_test_runtime import LocalTestRuntime
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees
 from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
@@ -293,7 +293,8 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     env = await asyncio.to_thread(row_environment, row)
     metadata = await asyncio.to_thread(row_metadata, row)
     packages = await asyncio.to_thread(package_dirs, template)
-    guarded = guard_patch(patch, env.top_level_modules, packages)
+    own = project_modules(template / row.env.pythonpath)
+    guarded = guard_patch(patch, set(env.top_level_modules) - own, packages)
     base = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
     base |= dict(p2p_total=len(row.PASS_TO_PASS), dropped_paths=guarded.dropped)
     workspace = await asyncio.to_thread(make_workspace, template, swe_home() / "workspaces")

@@ -39,6 +39,7 @@ TEST_CONFIG_FILES = frozenset(
 )
 STARTUP_MODULES = frozenset({"sitecustomize", "usercustomize"})
 GRADER_DIR = ".conveyor-grade"
+_RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "conveyor_outcomes"})
 STDLIB_MODULES = frozenset(sys.stdlib_module_names) - {"__future__"}
 _METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 _BYTECODE_SUFFIXES = (".pyc", ".pyo", ".pth")
@@ -86,10 +87,21 @@ def protection_reason(
         return "interpreter start-up or byte code"
     if any(p.endswith(_METADATA_SUFFIXES) or p == "__pycache__" for p in parts):
         return "package metadata or cache"
-    top = parts[0].removesuffix(".py")
-    if top in set(shadowed) or top in {"pytest", "_pytest", "py", "pluggy", "conveyor_outcomes"}:
-        return "shadows a module of the test environment"
+    runner = set(shadowed) | _RUNNER_MODULES
+    for index, stem in enumerate(stems):
+        if stem in runner and (index == 0 or "/".join(parts[:index]) not in inside):
+            return "shadows a module of the test environment"
     return None
+
+
+def project_modules(root: Path) -> frozenset[str]:
+    """Top-level module names a project folder (its import root) provides: they are the
+    project's own even where the test venv holds a copy (attrs under hypothesis, say)."""
+    if not root.is_dir():
+        return frozenset()
+    names = {p.stem for p in root.glob("*.py")}
+    names |= {p.parent.name for p in root.glob("*/__init__.py")}
+    return frozenset(names)
 
 
 @dataclass

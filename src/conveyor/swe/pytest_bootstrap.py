@@ -10,8 +10,8 @@ Stand-alone (no conveyor imports). The order is the rule that keeps start-up hoo
    now; entry-point autoloading is then switched off, so a `pytest11` entry point of the project
    (its code is the policy's) never loads;
 3. a snapshot of the code of those modules (functions, methods, classes) is taken;
-4. only then are the project's folder and its metadata folder appended to `sys.path`, after the
-   standard library and the venv;
+4. only then are the project's folder and its metadata folder put on `sys.path`, after the
+   standard library and before the venv's site-packages (`_add_project`);
 5. `pytest.main` runs; after every test and at the end the snapshot is compared (code that
    patched pytest, pluggy or our plugin is reported as tampering), and plugins registered from
    project files other than conftest files are reported;
@@ -144,6 +144,16 @@ def _untrusted_plugins(config: Any, roots: list[str]) -> list[str]:
     return found
 
 
+def _add_project(paths: list[str]) -> None:
+    """Put the project before the venv's site-packages (the venv may hold another copy of it,
+    e.g. attrs as a dependency of hypothesis) and after the standard library. Whatever was
+    imported already (the runner, the stdlib modules in use) cannot be shadowed any more; the
+    guard drops project files named like the venv's other modules or the standard library."""
+    sites = [i for i, p in enumerate(sys.path) if p.rstrip("/").endswith("-packages")]
+    at = sites[0] if sites else len(sys.path)
+    sys.path[at:at] = paths
+
+
 def main(argv: list[str]) -> None:
     """Run pytest as the module doc says; never returns."""
     with open(argv[1], encoding="utf-8") as handle:
@@ -164,7 +174,7 @@ def main(argv: list[str]) -> None:
             tampered.extend(_changed(before, _snapshot(), roots))
 
     plugin.configure(write, config.get("select"), float(config.get("timeout_s") or 0))
-    sys.path.extend(config["paths"])
+    _add_project(config["paths"])
     seen: dict[str, Any] = {}
 
     class _Watch:
