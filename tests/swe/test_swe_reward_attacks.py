@@ -195,8 +195,32 @@ def test_the_projects_own_pytest11_plugin_never_loads() -> None:
     assert _rollout([fix], row) == 1.0
     assert _rollout([], row) == 0.0
     plugin = "tinyplug/plugin.py"
-    attack = _graded([(plugin, '"""The project', FORCE_PASS_HOOK + '"""The project')], row)
+    edit = (plugin, '"""The project', FORCE_PASS_HOOK + '"""The project')
+    attack = _graded([edit], row)
     assert attack.reward == 0.0 and attack.f2p_passed == 0 and attack.p2p_passed == 1
+    # The adversary is real: where entry points autoload (the agent's own shell, as a user's
+    # installed checkout would), the edited plugin turns the failing tests into passes.
+    shell = _shell_after([edit], row, "python -m pytest -q tests; echo rc=$?")
+    assert "3 passed" in shell and "rc=0" in shell, shell
+
+
+def _shell_after(edits: Sequence[Edit], row: SweRow, command: str) -> str:
+    """The output of `command` in the rollout's own sandbox shell after `edits`."""
+    family = SweFamily()
+    task = family.task(row)
+
+    async def main() -> str:
+        runtime = await family.make_runtime(task)
+        try:
+            for path, old, new in edits:
+                text = await runtime.read_file(path)
+                await runtime.write_file(path, text.replace(old, new or "", 1))
+            result = await runtime.exec(command, 120)
+            return result.stdout + result.stderr
+        finally:
+            await runtime.close()
+
+    return asyncio.run(main())
 
 
 FORCE_PASS_HOOK = """import pytest
