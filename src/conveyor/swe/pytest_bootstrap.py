@@ -85,6 +85,43 @@ def _snapshot() -> dict[str, Any]:
     return found
 
 
+Quick = tuple[list[tuple[Any, str, Any, Any]], list[tuple[type, int]]]
+
+
+def _quick_view() -> Quick:
+    """What `_snapshot` sees, as (namespace, name, object, code) to re-read cheaply after each
+    test (a full snapshot costs tens of milliseconds; this well under one), plus the size of
+    each guarded class's namespace, which grows when a member is added."""
+    entries: list[tuple[Any, str, Any, Any]] = []
+    sizes: list[tuple[type, int]] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in _GUARDED:
+            continue
+        entries.append((sys.modules, name, module, None))
+        space = vars(module)
+        for attr, value in list(space.items()):
+            if isinstance(value, types.FunctionType):
+                entries.append((space, attr, value, value.__code__))
+            elif isinstance(value, type):
+                entries.append((space, attr, value, None))
+                if value.__module__ == name:
+                    sizes.append((value, len(vars(value))))
+                    for member, item in list(vars(value).items()):
+                        if isinstance(item, _METHODS):
+                            code = getattr(item, "__code__", None)
+                            entries.append((vars(value), member, item, code))
+    return entries, sizes
+
+
+def _quick_same(view: Quick) -> bool:
+    entries, sizes = view
+    for space, name, item, code in entries:
+        now = space.get(name)
+        if now is not item or (code is not None and getattr(now, "__code__", None) is not code):
+            return False
+    return all(len(vars(cls)) == size for cls, size in sizes)
+
+
 def _changed(before: dict[str, Any], after: dict[str, Any], roots: list[str]) -> list[str]:
     """Entries that differ, or members added to a guarded class, whose new code does not come
     from a trusted file (pytest's own `legacypath` plugin, for one, adds and replaces methods
@@ -167,11 +204,15 @@ def main(argv: list[str]) -> None:
     plugin, trusted = _load(config)
     roots = _trusted_roots(config["plugin_dir"])
     before = _snapshot()
+    quick = [_quick_view()]
     tampered: list[str] = []
 
-    def check() -> None:
-        if not tampered:
-            tampered.extend(_changed(before, _snapshot(), roots))
+    def check(final: bool = False) -> None:
+        if tampered or (not final and _quick_same(quick[0])):
+            return
+        tampered.extend(_changed(before, _snapshot(), roots))
+        # Trusted changes only (pytest configuring itself): watch the new state from now on.
+        quick[0] = _quick_view()
 
     plugin.configure(write, config.get("select"), float(config.get("timeout_s") or 0))
     _add_project(config["paths"])
@@ -189,7 +230,7 @@ def main(argv: list[str]) -> None:
         code = int(pytest_main(argv[2:], [plugin, *trusted, _Watch()]))
     except BaseException as exc:  # whatever ended the session is reported, not raised
         print(f"conveyor: the test session raised {exc!r}", file=sys.stderr)
-    check()
+    check(final=True)
     if "config" in seen:
         tampered.extend(_untrusted_plugins(seen["config"], roots))
     write(json.dumps({"kind": "session", "exit": code, "tampered": tampered}) + "\n")
