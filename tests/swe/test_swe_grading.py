@@ -237,3 +237,12 @@ def test_cli_names_a_broken_task(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "tinycalc__cli_broken" in result.output and "does not apply" in result.output
+
+
+@pytest.mark.filterwarnings("ignore:LocalRuntime does not isolate")
+def test_the_local_runtime_grades_through_the_same_channel() -> None:
+    """Where bubblewrap cannot run, grading falls back to the local runtime (trusted patches
+    only): the outcome descriptor is handed over the same way."""
+    gold = _grade(FIX, runtime="local")
+    assert gold.resolved and not gold.violations
+    assert not _grade("", runtime="local").resolved
