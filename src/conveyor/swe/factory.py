@@ -73,6 +73,7 @@ class Baseline:
     seconds: float = 0.0
     slow: list[str] = field(default_factory=list)
     coverage_timed_out: bool = False
+    collect_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -150,6 +151,7 @@ async def measure_baseline(
         seconds=suite["seconds"],
         slow=sorted(slow),
         coverage_timed_out=suite.get("coverage_timed_out", False),
+        collect_errors=list(suite.get("collect_errors", [])),
     )
 
 
@@ -212,6 +214,9 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
         "seconds": second.seconds,
         "log_tail": second.log_tail,
         "coverage_timed_out": first.timed_out,
+        # Modules the project itself cannot collect here (e.g. a collection warning its config
+        # makes an error): the suite runs past them, and so do the mutants.
+        "collect_errors": sorted(second.collect_errors),
     }
     if suite["second_passed"] and not first.timed_out and not second.timed_out:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +282,7 @@ def judge(baseline: Baseline, run: TestRun) -> Verdict:
         return Verdict(False, "timeout")
     if run.violations:
         return Verdict(False, "invalid_run")
-    if run.collect_errors:
+    if set(run.collect_errors) - set(baseline.collect_errors):
         return Verdict(False, "collection_error")
     outcomes = [run.outcome(t) for t in baseline.passed]
     if any(o.outcome == "missing" for o in outcomes):

@@ -47,7 +47,13 @@ PROJECTS: dict[str, ProjectSpec] = {
         ProjectSpec("markdown", extra_test_deps=("pyyaml",)),
         ProjectSpec("stevedore", extra_test_deps=("testtools",)),
         ProjectSpec(
-            "keyring", extra_test_deps=("jaraco.classes", "jaraco.functools", "jaraco.context")
+            "keyring",
+            extra_test_deps=(
+                "jaraco.classes",
+                "jaraco.functools",
+                "jaraco.context",
+                "importlib_metadata",
+            ),
         ),
     ]
 }
