@@ -65,7 +65,9 @@ async def _score(row: SweRow, oracle: bool) -> float:
 
 
 @pytest.mark.parametrize(("name", "version", "needs_metadata"), PROJECTS)
-def test_metadata_tests_pass_and_oracle_resolves(name: str, version: str, needs_metadata: str) -> None:
+def test_metadata_tests_pass_and_oracle_resolves(
+    name: str, version: str, needs_metadata: str
+) -> None:
     from conveyor.swe.factory import prepare_project
     from conveyor.swe.projects import spec_for
 
