@@ -128,6 +128,8 @@ def grade_command(
             typer.echo(f"ignored changes: {json.dumps(report.dropped_paths)}", err=True)
         if report.error:
             typer.echo(f"note: {report.error}", err=True)
+        if report.collect_errors:
+            typer.echo(f"did not collect: {json.dumps(sorted(report.collect_errors))}", err=True)
         typer.echo(json.dumps(report.summary()))
     else:
         verdict = "RESOLVED" if report.resolved else "not resolved"
