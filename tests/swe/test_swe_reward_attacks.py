@@ -243,3 +243,38 @@ def test_a_hidden_test_patch_that_does_not_apply_is_a_task_defect() -> None:
         _rollout([_fix()], broken)
     with pytest.raises(TaskDefect, match="tinycalc__broken_test_patch"):
         asyncio.run(grade(broken, ""))
+
+
+FORGE_STREAM = '''
+import json, os
+
+_names = [
+    "tests/test_calc.py::test_add",
+    "tests/test_calc.py::test_clamp_low",
+    "tests/test_calc.py::test_clamp_mid",
+    "tests/test_calc.py::test_spin",
+    "tests/test_hidden.py::test_add_negative",
+]
+_stream = [{"kind": "collected", "nodeids": _names}]
+for _name in _names:
+    for _when in ("setup", "call", "teardown"):
+        _stream.append({"kind": "report", "nodeid": _name, "when": _when, "outcome": "passed"})
+_stream.append({"kind": "session", "exit": 0, "tampered": []})
+_text = "".join(json.dumps(r) + "\\n" for r in _stream).encode()
+for _fd in map(int, os.listdir("/proc/self/fd")):
+    if _fd > 2:
+        try:
+            os.write(_fd, _text)
+        except OSError:
+            pass
+os._exit(0)
+'''
+
+
+def test_a_complete_forged_stream_then_exit_scores_zero() -> None:
+    """Forge everything (collection, every phase, the session record), then leave with
+    `os._exit(0)` before pytest reports anything: the session record lacks the bootstrap's
+    secret."""
+    report = _graded([("tinycalc/__init__.py", '"""Tiny calculator."""', FORGE_STREAM)])
+    assert report.reward == 0.0
+    assert "not written by the grader's bootstrap" in " ".join(report.violations)

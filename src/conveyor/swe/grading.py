@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shlex
 import shutil
 import tempfile
@@ -188,6 +189,12 @@ async def run_tests(
     home.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(prefix="run-", dir=home))
     fd = -1
+    # The bootstrap reads this once from a pipe, before any project code runs, and signs its
+    # session record with it: a forged stream must first dig it out of the process's memory.
+    nonce = secrets.token_hex(16)
+    nonce_fd, nonce_w = os.pipe()
+    os.write(nonce_w, nonce.encode())
+    os.close(nonce_w)
     try:
         # The channel: a file only the grader can open (not mounted), handed over as an fd.
         fd = os.open(private / "outcomes.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -199,6 +206,7 @@ async def run_tests(
         root = str(runtime.root)
         config = {
             "outcomes_fd": fd,
+            "nonce_fd": nonce_fd,
             "select": sorted(set(select)) if select is not None else None,
             "timeout_s": per_test_timeout_s,
             "paths": [os.path.normpath(os.path.join(root, pythonpath))]
@@ -216,7 +224,9 @@ async def run_tests(
         start = time.monotonic()
         await runtime.start()
         try:
-            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd,))
+            result: ExecResult = await runtime.exec(
+                command, run_timeout_s, pass_fds=(fd, nonce_fd)
+            )
         finally:
             await runtime.close()
         os.close(fd)
@@ -225,8 +235,11 @@ async def run_tests(
     finally:
         if fd >= 0:
             os.close(fd)
+        os.close(nonce_fd)
         shutil.rmtree(private, ignore_errors=True)
-    run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out)
+    run = read_channel(
+        text, exit_code=result.exit_code, timed_out=result.timed_out, nonce=nonce
+    )
     run.seconds = time.monotonic() - start
     run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
     return run

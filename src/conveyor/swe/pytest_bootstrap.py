@@ -15,12 +15,13 @@ Stand-alone (no conveyor imports). The order is the rule that keeps start-up hoo
 5. `pytest.main` runs; after every test and at the end the snapshot is compared (code that
    patched pytest, pluggy or our plugin is reported as tampering), and plugins registered from
    project files other than conftest files are reported;
-6. the last record, `{"kind": "session", "exit", "tampered"}`, is written and the outcome file
+6. the last record, `{"kind": "session", "exit", "tampered", "nonce"}` (the secret read from
+   `nonce_fd` at start, before the project could look), is written and the outcome file
    descriptor closed; the process leaves with `os._exit(exit)`, so `atexit` hooks of the project
    cannot write after it.
 
-RUN_JSON: `{"outcomes_fd", "select" (node ids or null), "timeout_s", "paths" (appended to
-`sys.path`), "plugin_dir"}`.
+RUN_JSON: `{"outcomes_fd", "nonce_fd", "select" (node ids or null), "timeout_s", "paths" (put
+on `sys.path`), "plugin_dir"}`.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def main(argv: list[str]) -> None:
         config = json.load(handle)
     fd = int(config["outcomes_fd"])
     os.set_inheritable(fd, False)  # test subprocesses do not get the channel
+    nonce = _read_nonce(config.get("nonce_fd"))
 
     def write(line: str) -> None:
         os.write(fd, line.encode("utf-8"))
@@ -233,12 +235,24 @@ def main(argv: list[str]) -> None:
     check(final=True)
     if "config" in seen:
         tampered.extend(_untrusted_plugins(seen["config"], roots))
-    write(json.dumps({"kind": "session", "exit": code, "tampered": tampered}) + "\n")
+    session = {"kind": "session", "exit": code, "tampered": tampered, "nonce": nonce}
+    write(json.dumps(session) + "\n")
     os.close(fd)
     _save_coverage()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _read_nonce(fd: int | None) -> str | None:
+    """The grader's secret, read whole and the pipe closed before any project code runs."""
+    if fd is None:
+        return None
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _save_coverage() -> None:

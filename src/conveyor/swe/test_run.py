@@ -9,7 +9,8 @@ too, so nothing in it is believed alone (`read_channel`):
 - reports name only collected tests, and a run that exits 0 reported every collected test;
 - the session's exit status equals the process's, and agrees with the outcomes: 0 iff no test
   failed or errored and nothing failed to collect;
-- the bootstrap found pytest, pluggy and our plugin unpatched, and no plugin from project files.
+- the bootstrap found pytest, pluggy and our plugin unpatched, and no plugin from project files;
+- the session record carries the secret the grader handed to the bootstrap through a pipe.
 A run breaking any of these has `violations` and scores 0 (the policy's result, not an infra
 error). Outcome names: passed / failed / error / skipped / xfailed / xpassed / missing.
 """
@@ -84,8 +85,11 @@ class TestRun:
         return {n for n, o in self.outcomes.items() if o.passes(semantics)}
 
 
-def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
-    """The run described by the channel's lines, checked against the process's exit status."""
+def read_channel(
+    text: str, *, exit_code: int, timed_out: bool, nonce: str | None = None
+) -> TestRun:
+    """The run described by the channel's lines, checked against the process's exit status;
+    `nonce`: the secret the bootstrap must sign its session record with."""
     run = TestRun(timed_out=timed_out, exit_code=exit_code)
     phases: dict[str, dict[str, dict[str, Any]]] = {}
     failed_subtests: set[str] = set()
@@ -128,6 +132,8 @@ def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
     run.collected = collected or []
     if not timed_out:
         run.violations += _cross_check(run, phases, session, collected)
+        if session is not None and nonce is not None and session.get("nonce") != nonce:
+            run.violations.append("the session record was not written by the grader's bootstrap")
     return run
 
 
