@@ -123,5 +123,6 @@ def test_a_timed_out_run_passes_nothing() -> None:
 def test_the_session_record_must_carry_the_secret() -> None:
     text = _lines(COLLECTED, *_test("t.py::a"), *_test("t.py::b"), _session(0))
     assert read_channel(text, exit_code=0, timed_out=False, nonce="s3cret").violations
-    signed = _lines(COLLECTED, *_test("t.py::a"), *_test("t.py::b"), {**_session(0), "nonce": "s3cret"})
+    session = {**_session(0), "nonce": "s3cret"}
+    signed = _lines(COLLECTED, *_test("t.py::a"), *_test("t.py::b"), session)
     assert read_channel(signed, exit_code=0, timed_out=False, nonce="s3cret").valid
