@@ -245,7 +245,7 @@ def test_a_hidden_test_patch_that_does_not_apply_is_a_task_defect() -> None:
         asyncio.run(grade(broken, ""))
 
 
-FORGE_STREAM = '''
+FORGE_STREAM = """
 import json, os
 
 _names = [
@@ -268,7 +268,7 @@ for _fd in map(int, os.listdir("/proc/self/fd")):
         except OSError:
             pass
 os._exit(0)
-'''
+"""
 
 
 def test_a_complete_forged_stream_then_exit_scores_zero() -> None:

@@ -224,9 +224,7 @@ async def run_tests(
         start = time.monotonic()
         await runtime.start()
         try:
-            result: ExecResult = await runtime.exec(
-                command, run_timeout_s, pass_fds=(fd, nonce_fd)
-            )
+            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd, nonce_fd))
         finally:
             await runtime.close()
         os.close(fd)
@@ -237,9 +235,7 @@ async def run_tests(
             os.close(fd)
         os.close(nonce_fd)
         shutil.rmtree(private, ignore_errors=True)
-    run = read_channel(
-        text, exit_code=result.exit_code, timed_out=result.timed_out, nonce=nonce
-    )
+    run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out, nonce=nonce)
     run.seconds = time.monotonic() - start
     run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
     return run
