@@ -173,6 +173,7 @@ async def run_tests(
     """Run pytest in a sandbox over `workspace`: `select` (node ids), else `paths` (test files
     or folders), else the whole suite as the project configures it. `metadata`: the project's
     `.dist-info` folder (`project_metadata`), put on `sys.path` after the project.
+    `per_test_timeout_s` 0 arms no per-test alarm (the whole-run deadline still holds).
     """
     args: list[str] = list(paths or [])
     if select is not None:
