@@ -98,6 +98,13 @@ def test_judge_keeps_assertion_failures_only() -> None:
     assert judge(base, _run(a=("failed", "TypeError"), b=("passed", None))).reason == (
         "no_assertion_failure"
     )
+    # a module the project itself cannot collect does not reject every mutant; a new one does
+    known = Baseline(passed=["t.py::a", "t.py::b"], collect_errors=["t.py::Broken"])
+    run = _run(a=("failed", "AssertionError"), b=("passed", None))
+    run.collect_errors["t.py::Broken"] = "PytestCollectionWarning"
+    assert judge(known, run).keep and judge(base, run).reason == "collection_error"
+    run.collect_errors["u.py"] = "ImportError"
+    assert judge(known, run).reason == "collection_error"
 
 
 def test_the_slowest_tests_leave_until_the_budget_holds() -> None:

@@ -148,7 +148,12 @@ def test_partial_credit_needs_every_pass_to_pass_test() -> None:
     xfail = TestRun(
         outcomes={t: TestOutcome(t, "xfailed") for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]}
     )
-    assert score_run(row, xfail)[0], "xfailed counts as passing, as in SWE-bench"
+    assert not score_run(row, xfail)[0], "for a reward only a real pass counts"
+    assert score_run(row, xfail, semantics="swebench")[0], "SWE-bench's report counts xfailed"
+    every = {t: TestOutcome(t, "passed") for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]}
+    assert score_run(row, TestRun(outcomes=every))[0]
+    void = TestRun(outcomes=every, violations=["duplicate or unknown report: x (call)"])
+    assert score_run(row, void)[:4] == (False, 0, 0, 0.0), "a void run passes nothing"
 
 
 @needs_sandbox
@@ -171,3 +176,73 @@ def test_cli_grades_a_row_it_has_never_seen(tmp_path: Path) -> None:
     assert summary["instance_id"] == row.instance_id and summary["seconds"] > 0
     result = CliRunner().invoke(tasks_app, args)
     assert json.loads(result.output.strip().splitlines()[-1])["resolved"] is False
+
+
+BROKEN_MODULE = "import pytest\n\n\nclass TestThing:\n    def __init__(self):\n        pass\n"
+
+
+@needs_sandbox
+def test_a_module_that_fails_to_collect_does_not_stop_the_others() -> None:
+    """A collection warning the project's config turns into an error breaks one module; the
+    other modules still run and the broken one is reported."""
+    row = tiny_row()
+    with make_workspace(row_template(row), swe_home() / "workspaces") as ws:
+        apply_patch(ws.path, FIX)
+        apply_patch(ws.path, file_diff("tests/test_noise.py", None, BROKEN_MODULE))
+        cfg = ws.path / "setup.cfg"
+        cfg.write_text(cfg.read_text() + "filterwarnings = error\n")
+        run = asyncio.run(run_tests(ws.path, row_environment(row)))
+    assert run.valid and list(run.collect_errors) == ["tests/test_noise.py::TestThing"]
+    assert run.passed() == {
+        "tests/test_calc.py::test_add",
+        "tests/test_calc.py::test_clamp_low",
+        "tests/test_calc.py::test_clamp_mid",
+        "tests/test_calc.py::test_spin",
+    }
+
+
+XFAIL = file_diff(
+    "tinycalc/__init__.py",
+    buggy_calc(),
+    buggy_calc().replace("    return a - b", "    import pytest\n\n    pytest.xfail('known')"),
+)
+
+
+@needs_sandbox
+def test_cli_semantics_strict_by_default_swebench_on_request(tmp_path: Path) -> None:
+    row = tiny_row("tinycalc__semantics")
+    tasks = tmp_path / "rows.jsonl"
+    tasks.write_text(row.to_json() + "\n")
+    patch = tmp_path / "xfail.diff"
+    patch.write_text(XFAIL)
+    args = ["grade", "--tasks", str(tasks), "--instance", row.instance_id, "--json"]
+    args += ["--patch", str(patch)]
+    strict = CliRunner().invoke(tasks_app, args)
+    assert json.loads(strict.output.strip().splitlines()[-1])["resolved"] is False
+    swebench = CliRunner().invoke(tasks_app, [*args, "--semantics", "swebench"])
+    assert json.loads(swebench.output.strip().splitlines()[-1])["resolved"] is True
+    bad = CliRunner().invoke(tasks_app, [*args, "--semantics", "loose"])
+    assert bad.exit_code == 2 and "strict or swebench" in bad.output
+
+
+@needs_sandbox
+def test_cli_names_a_broken_task(tmp_path: Path) -> None:
+    row = tiny_row("tinycalc__cli_broken").model_copy(
+        update={"test_patch": file_diff("tests/test_calc.py", "nothing like it\n", "x\n")}
+    )
+    tasks = tmp_path / "rows.jsonl"
+    tasks.write_text(row.to_json() + "\n")
+    result = CliRunner().invoke(
+        tasks_app, ["grade", "--tasks", str(tasks), "--instance", row.instance_id]
+    )
+    assert result.exit_code == 2
+    assert "tinycalc__cli_broken" in result.output and "does not apply" in result.output
+
+
+@pytest.mark.filterwarnings("ignore:LocalRuntime does not isolate")
+def test_the_local_runtime_grades_through_the_same_channel() -> None:
+    """Where bubblewrap cannot run, grading falls back to the local runtime (trusted patches
+    only): the outcome descriptor is handed over the same way."""
+    gold = _grade(FIX, runtime="local")
+    assert gold.resolved and not gold.violations
+    assert not _grade("", runtime="local").resolved

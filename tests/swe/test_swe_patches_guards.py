@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.swe.guards import guard_patch, protection_reason
+from conveyor.swe.guards import guard_patch, package_dirs, project_modules, protection_reason
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees, file_diff, split_patch
 
 
@@ -58,6 +58,16 @@ def test_split_patch_keeps_removed_lines_that_look_like_headers() -> None:
         ("setup.cfg", "test configuration"),
         ("pyproject.toml", "test configuration"),
         ("sitecustomize.py", "interpreter start-up or byte code"),
+        ("sitecustomize/__init__.py", "interpreter start-up or byte code"),
+        ("src/usercustomize.py", "interpreter start-up or byte code"),
+        ("pkg/sitecustomize.py", "interpreter start-up or byte code"),
+        ("signal.py", "shadows a standard-library module"),
+        ("json/__init__.py", "shadows a standard-library module"),
+        ("src/json.py", "shadows a standard-library module"),
+        ("pkg/json.py", None),
+        ("src/hypothesis/__init__.py", "shadows a module of the test environment"),
+        ("pkg/hypothesis.py", None),
+        (".conveyor-grade/outcomes.jsonl", "the grader's folder"),
         ("pkg/evil.pth", "interpreter start-up or byte code"),
         ("pkg/__pycache__/mod.cpython-311.pyc", "interpreter start-up or byte code"),
         ("x.dist-info/entry_points.txt", "package metadata or cache"),
@@ -68,7 +78,18 @@ def test_split_patch_keeps_removed_lines_that_look_like_headers() -> None:
     ],
 )
 def test_protection_reasons(path: str, reason: str | None) -> None:
-    assert protection_reason(path, shadowed=["hypothesis"]) == reason
+    # `pkg` is a package of the starting state: a module in it is never imported by its bare
+    # name; `src` and the root are not, and may be on sys.path.
+    assert protection_reason(path, shadowed=["hypothesis"], packages=["pkg"]) == reason
+
+
+def test_package_dirs_are_the_folders_with_an_init(tmp_path: Path) -> None:
+    for rel in ("src/pkg/__init__.py", "src/pkg/sub/__init__.py", "src/loose/m.py", "setup.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert package_dirs(tmp_path) == {"src/pkg", "src/pkg/sub"}
+    assert project_modules(tmp_path / "src") == {"pkg"}
+    assert project_modules(tmp_path) == {"setup"}
 
 
 def test_guard_patch_keeps_only_library_changes() -> None:

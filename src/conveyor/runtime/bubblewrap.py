@@ -114,8 +114,14 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
             os.chown(self._tmp, SANDBOX_UID, SANDBOX_GID)
         self._started = True
 
-    async def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` with bash in a fresh sandbox; on timeout everything in it is killed."""
+    async def exec(
+        self, command: str, timeout_s: float, *, pass_fds: Sequence[int] = ()
+    ) -> ExecResult:
+        """Run `command` with bash in a fresh sandbox; on timeout everything in it is killed.
+
+        `pass_fds`: host file descriptors the command inherits at the same numbers (bubblewrap,
+        setpriv, unshare and prlimit keep them open), e.g. the grader's outcome channel.
+        """
         self._check_usable()
         # Per-command marker: finishing one command must not kill a concurrent one.
         marker = f"{self.sandbox_id}.{next(self._commands)}"
@@ -125,6 +131,7 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
             output_bytes=self.limits.output_bytes,
             env=self.environment(marker),
             cleanup=functools.partial(kill_marked, marker),
+            pass_fds=pass_fds,
         )
 
     async def close(self) -> None:

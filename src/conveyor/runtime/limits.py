@@ -160,13 +160,15 @@ async def run_limited(
     env: Mapping[str, str] | None = None,
     stdin: bytes | None = None,
     cleanup: Callable[[], object] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ExecResult:
     """Run `argv` in a new session, capture capped output, kill its process group at the end.
 
     On timeout returns `ExecResult(exit_code=124, timed_out=True)` with the output so far. If the
     awaiting task is cancelled the group is killed before `CancelledError` propagates. `cleanup`
     runs after every command (e.g. killing marked processes that left the group). The caller's
-    argv is expected to apply the rlimits (see `prlimit_argv`).
+    argv is expected to apply the rlimits (see `prlimit_argv`). `pass_fds` stay open in the
+    command (e.g. a channel the command writes and only the caller can read).
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -176,6 +178,7 @@ async def run_limited(
         cwd=cwd,
         env=dict(env) if env is not None else None,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     out, err = CappedBuffer(output_bytes), CappedBuffer(output_bytes)
     assert proc.stdout is not None and proc.stderr is not None

@@ -92,27 +92,44 @@ def grade_command(
     as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON summary.")] = False,
     partial_credit: Annotated[bool, typer.Option(help="Report F2P share as reward.")] = False,
     test_timeout: Annotated[float, typer.Option(help="Seconds per test.")] = 30.0,
+    semantics: Annotated[
+        str,
+        typer.Option(
+            help="strict: only a real pass counts (the RL reward); swebench: xfailed counts as "
+            "passing too, as in SWE-bench's report."
+        ),
+    ] = "strict",
 ) -> None:
     """Build the task's workspace, apply the patch, run its tests and report (exit 0 when graded,
-    resolved or not; 2 on a bad row or file)."""
+    resolved or not; 2 on a bad row or file, or a broken task: its test patch does not apply)."""
     from conveyor.swe.dataset import find_row
     from conveyor.swe.grading import GradingOptions, grade
+    from conveyor.types import TaskDefect
+
+    if semantics not in ("strict", "swebench"):
+        _fail(f"--semantics must be strict or swebench, not {semantics!r}")
 
     try:
         row = find_row(tasks, instance)
     except (KeyError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     text = row.patch if gold else (patch.read_text(encoding="utf-8") if patch else "")
-    options = GradingOptions(partial_credit=partial_credit, per_test_timeout_s=test_timeout)
+    options = GradingOptions(
+        partial_credit=partial_credit,
+        per_test_timeout_s=test_timeout,
+        semantics=semantics,  # type: ignore[arg-type]
+    )
     try:
         report = asyncio.run(grade(row, text, options))
-    except ValueError as exc:
+    except (ValueError, TaskDefect) as exc:
         _fail(str(exc))
     if as_json:
         if report.dropped_paths:
             typer.echo(f"ignored changes: {json.dumps(report.dropped_paths)}", err=True)
         if report.error:
             typer.echo(f"note: {report.error}", err=True)
+        if report.collect_errors:
+            typer.echo(f"did not collect: {json.dumps(sorted(report.collect_errors))}", err=True)
         typer.echo(json.dumps(report.summary()))
     else:
         verdict = "RESOLVED" if report.resolved else "not resolved"
@@ -122,6 +139,8 @@ def grade_command(
         )
         for path, why in report.dropped_paths.items():
             typer.echo(f"  ignored change to {path} ({why})")
+        for module, why in list(report.collect_errors.items())[:5]:
+            typer.echo(f"  did not collect: {module}: {why.strip().splitlines()[-1:]}")
         if report.error:
             typer.echo(f"  {report.error}")
         for nodeid in report.failing[:10]:

@@ -3,8 +3,14 @@
 - `project_source(name, version)`: the sdist from PyPI (`pip download --no-binary :all:`),
   unpacked once into `<home>/src/<name>-<version>`: the pristine tree every task starts from.
 - `test_environment(deps)`: a venv with pytest, coverage, the task's extra test dependencies and
-  our outcome plugin, keyed by its dependency list; mounted read-only into every sandbox. The
-  project itself is not installed: tests import it from the workspace (`environment.pythonpath`).
+  our outcome plugin and bootstrap, keyed by its dependency list; mounted read-only into every
+  sandbox. The shared venv is never changed per task: the project is imported from the workspace
+  (`environment.pythonpath`), and
+- `project_metadata(name, version)`: the project's own `.dist-info` (built once from its sdist
+  with `pip wheel --no-deps`), a folder put on `sys.path` next to the workspace, so
+  `importlib.metadata` and the project's entry points work as if it were installed without its
+  dependencies. It is made from the pristine sdist: a patch cannot add entry points or change
+  the version.
 - `task_template(row)`: the task's starting state, the pristine tree plus `setup_patch`.
 
 Everything is made in a temporary folder and renamed into place under a file lock, so concurrent
@@ -32,6 +38,7 @@ from pathlib import Path
 from conveyor.swe.patches import apply_patch
 
 PLUGIN_MODULE = "conveyor_outcomes"
+BOOTSTRAP_SCRIPT = "conveyor_pytest.py"
 BASE_TEST_DEPS = ("pytest", "coverage")
 _PIP_TIMEOUT_S = 900
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -159,11 +166,24 @@ class TestEnvironment:
         """The venv's interpreter."""
         return self.path / "bin" / "python"
 
+    @property
+    def bootstrap(self) -> Path:
+        """The grader's pytest entry point (`pytest_bootstrap.py`) in the read-only plugin dir."""
+        return self.plugin_dir / BOOTSTRAP_SCRIPT
+
+
+def _plugin_files() -> dict[str, str]:
+    here = Path(__file__).parent
+    return {
+        f"{PLUGIN_MODULE}.py": (here / "outcomes_plugin.py").read_text(),
+        BOOTSTRAP_SCRIPT: (here / "pytest_bootstrap.py").read_text(),
+    }
+
 
 def test_environment(extra_deps: list[str] | tuple[str, ...] = ()) -> TestEnvironment:
     """The venv with pytest, coverage and `extra_deps`, built once per dependency list."""
     deps = sorted({*BASE_TEST_DEPS, *extra_deps})
-    plugin = (Path(__file__).parent / "outcomes_plugin.py").read_text()
+    plugin = _plugin_files()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     key = hashlib.sha256(json.dumps([version, deps, plugin]).encode()).hexdigest()[:12]
     path = swe_home() / "envs" / f"py{version}-{key}"
@@ -179,7 +199,7 @@ def test_environment(extra_deps: list[str] | tuple[str, ...] = ()) -> TestEnviro
     )
 
 
-def _build_env(path: Path, deps: list[str], plugin: str) -> None:
+def _build_env(path: Path, deps: list[str], plugin: dict[str, str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     base = getattr(sys, "_base_executable", sys.executable)
@@ -188,7 +208,8 @@ def _build_env(path: Path, deps: list[str], plugin: str) -> None:
     _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *deps])
     plugins = path / "conveyor-plugins"
     plugins.mkdir()
-    (plugins / f"{PLUGIN_MODULE}.py").write_text(plugin)
+    for name, text in plugin.items():
+        (plugins / name).write_text(text)
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     site_packages = Path(site.strip())
     tops = sorted(
@@ -226,3 +247,71 @@ def task_template(name: str, version: str, setup_patch: str, key: str) -> Path:
             apply_patch(staging, setup_patch)
             os.replace(staging, path)
     return path
+
+
+def project_metadata(name: str, version: str) -> Path:
+    """A folder holding the project's `.dist-info` (see the module doc), built once per release.
+
+    Built with the host's pip from the pristine sdist (never from a workspace), so the entry
+    points and version a test sees are the release's. A project whose wheel cannot be built
+    here gets a minimal `.dist-info` from the sdist's `PKG-INFO` (name and version, no entry
+    points) rather than none.
+    """
+    path = swe_home() / "metadata" / f"{safe_name(name)}-{safe_name(version)}"
+    if (path / "conveyor-metadata.json").exists():
+        return path / "site"
+    with locked(f"metadata-{name}-{version}"):
+        if not (path / "conveyor-metadata.json").exists():
+            _build_metadata(path, name, version)
+    return path / "site"
+
+
+def _build_metadata(path: Path, name: str, version: str) -> None:
+    source, _ = project_source(name, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        staging = Path(tmp) / "out"
+        site = staging / "site"
+        site.mkdir(parents=True)
+        how = "wheel"
+        try:
+            _metadata_from_wheel(source, Path(tmp), site)
+        except (EnvironmentError_, subprocess.TimeoutExpired, zipfile.BadZipFile) as exc:
+            how = f"PKG-INFO only (the wheel did not build: {str(exc)[-300:]})"
+            _metadata_from_pkg_info(source, site, name, version)
+        record = {"name": name, "version": version, "made_from": how}
+        (staging / "conveyor-metadata.json").write_text(json.dumps(record, indent=1))
+        for folder, _, files in os.walk(staging):
+            os.chmod(folder, 0o755)
+            for file in files:
+                os.chmod(Path(folder) / file, 0o644)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(staging, path)
+
+
+def _metadata_from_wheel(source: Path, tmp: Path, site: Path) -> None:
+    # A copy: building writes build/ and *.egg-info into the tree, and the sdist stays pristine.
+    tree = tmp / "tree"
+    shutil.copytree(source, tree, symlinks=True)
+    wheels = tmp / "wheels"
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check"]
+    _run([*pip, "-w", str(wheels), str(tree)])
+    built = sorted(wheels.glob("*.whl"))
+    if len(built) != 1:
+        raise EnvironmentError_(f"pip wheel made {len(built)} wheels")
+    with zipfile.ZipFile(built[0]) as wheel:
+        for member in wheel.namelist():
+            top = member.split("/")[0]
+            if top.endswith(".dist-info") and not member.endswith("/RECORD"):
+                wheel.extract(member, site)
+
+
+def _metadata_from_pkg_info(source: Path, site: Path, name: str, version: str) -> None:
+    pkg_info = source / "PKG-INFO"
+    text = pkg_info.read_text(errors="replace") if pkg_info.exists() else ""
+    if not text:
+        text = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    folder = site / f"{safe_name(name).replace('-', '_')}-{safe_name(version)}.dist-info"
+    folder.mkdir()
+    (folder / "METADATA").write_text(text)
+    (folder / "INSTALLER").write_text("conveyor\n")

@@ -33,6 +33,7 @@ from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import PYPI_PREFIX, RowEnvironment, SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
+    project_metadata,
     project_source,
     safe_name,
     swe_home,
@@ -72,6 +73,7 @@ class Baseline:
     seconds: float = 0.0
     slow: list[str] = field(default_factory=list)
     coverage_timed_out: bool = False
+    collect_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class ProjectContext:
     layout: ProjectLayout
     spec: ProjectSpec
     env: TestEnvironment
+    metadata: Path | None = None
 
     @property
     def row_environment(self) -> RowEnvironment:
@@ -113,6 +116,7 @@ def prepare_project(spec: ProjectSpec, version: str | None = None) -> ProjectCon
         layout=detect_layout(root),
         spec=spec,
         env=test_environment(list(spec.extra_test_deps)),
+        metadata=project_metadata(spec.name, resolved),
     )
 
 
@@ -147,6 +151,7 @@ async def measure_baseline(
         seconds=suite["seconds"],
         slow=sorted(slow),
         coverage_timed_out=suite.get("coverage_timed_out", False),
+        collect_errors=list(suite.get("collect_errors", [])),
     )
 
 
@@ -178,8 +183,18 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
         (ws.path / GRADE_DIR / "coveragerc").write_text("[run]\nbranch = False\n")
         source = f"/workspace/{ctx.layout.pythonpath}"
         cmd = f"python -m coverage run --rcfile={rc} --data-file={data} --source={source} -m pytest"
+        # No per-test alarm under coverage: the pristine suite does not loop, and a SIGALRM
+        # raised inside coverage's own locked sections left a lock held (more-itertools'
+        # test_primes, thousands of subtests past 30 s traced: the run hung on a futex until
+        # the whole-run deadline). The plain run below keeps the alarm and times every test.
         first = await run_tests(
-            ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, test_cmd=cmd
+            ws.path,
+            ctx.env,
+            paths=paths,
+            pythonpath=ctx.layout.pythonpath,
+            test_cmd=cmd,
+            metadata=ctx.metadata,
+            per_test_timeout_s=0,
         )
         report = f"/workspace/{GRADE_DIR}/coverage.json"
         runtime = make_test_runtime(ws.path, ctx.env)
@@ -193,7 +208,9 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
             await runtime.close()
         covered = _read_coverage(ws.path / GRADE_DIR / "coverage.json", ctx)
     with make_workspace(ctx.root, swe_home() / "workspaces") as ws:
-        second = await run_tests(ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath)
+        second = await run_tests(
+            ws.path, ctx.env, paths=paths, pythonpath=ctx.layout.pythonpath, metadata=ctx.metadata
+        )
     suite = {
         "first_passed": sorted(first.passed()),
         "second_passed": sorted(second.passed()),
@@ -202,6 +219,9 @@ async def _suite_runs(ctx: ProjectContext) -> dict[str, Any]:
         "seconds": second.seconds,
         "log_tail": second.log_tail,
         "coverage_timed_out": first.timed_out,
+        # Modules the project itself cannot collect here (e.g. a collection warning its config
+        # makes an error): the suite runs past them, and so do the mutants.
+        "collect_errors": sorted(second.collect_errors),
     }
     if suite["second_passed"] and not first.timed_out and not second.timed_out:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +276,7 @@ async def evaluate_mutant(ctx: ProjectContext, baseline: Baseline, mutant: Mutat
             pythonpath=ctx.layout.pythonpath,
             per_test_timeout_s=MUTANT_TEST_TIMEOUT_S,
             run_timeout_s=60 + 4 * baseline.seconds,
+            metadata=ctx.metadata,
         )
     return judge(baseline, run)
 
@@ -264,7 +285,9 @@ def judge(baseline: Baseline, run: TestRun) -> Verdict:
     """Keep/reject a mutant from its test run."""
     if run.timed_out:
         return Verdict(False, "timeout")
-    if run.collect_errors:
+    if run.violations:
+        return Verdict(False, "invalid_run")
+    if set(run.collect_errors) - set(baseline.collect_errors):
         return Verdict(False, "collection_error")
     outcomes = [run.outcome(t) for t in baseline.passed]
     if any(o.outcome == "missing" for o in outcomes):

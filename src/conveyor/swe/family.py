@@ -33,6 +33,7 @@ from conveyor.swe.grading import (
     GradingOptions,
     grade_runtime,
     row_environment,
+    row_metadata,
     row_template,
     test_env_vars,
 )
@@ -69,8 +70,10 @@ class SweRuntime(BubblewrapRuntime):
 
     def __init__(self, workspace: Workspace, row: SweRow) -> None:
         env = row_environment(row)
-        super().__init__(workspace.path, env_dir=env.path)
-        self.extra_env.update(test_env_vars(env, self.root, row.env.pythonpath))
+        metadata = row_metadata(row)
+        mounts = [metadata] if metadata is not None else []
+        super().__init__(workspace.path, env_dir=env.path, extra_ro_binds=mounts)
+        self.extra_env.update(test_env_vars(env, self.root, row.env.pythonpath, metadata))
         self.task_workspace = workspace
         self.row = row
         self.code_index: CodeIndex | None = None
@@ -165,7 +168,10 @@ class SweFamily:
         return runtime
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
-        """The grader's reward for the workspace's diff (1.0 resolved, else 0.0 or partial)."""
+        """The grader's reward for the workspace's diff (1.0 resolved, else 0.0 or partial).
+
+        Raises `TaskDefect` when the row's hidden test patch does not apply to its own starting
+        state: the task is broken, the run stops (never a score, never retried)."""
         row = SweRow.model_validate(task.data["row"])
         report = await grade_runtime(row, runtime, self.grading)
         return report.reward

@@ -4,14 +4,20 @@
 1. takes the task's starting state (`environment.task_template`: the pristine sdist plus the
    row's `setup_patch`) and makes a fresh workspace of it;
 2. applies the agent's patch minus every protected path (`guards.guard_patch`: tests,
-   `conftest.py`, pytest/tox/setup.cfg/pyproject configuration, start-up hooks), so the agent's
-   edits to tests and test configuration are reverted by construction;
-3. applies the row's hidden `test_patch`;
-4. runs FAIL_TO_PASS and PASS_TO_PASS with pytest in a bubblewrap sandbox (no network, the
-   project's test venv mounted read-only), recording every test's outcome with our plugin
-   (`outcomes_plugin.py`) under a per-test timeout;
-5. resolved iff every F2P test and every P2P test passes (passed or xfailed, as SWE-bench
-   counts). Optional partial credit: the share of F2P tests passing, if all P2P tests pass.
+   `conftest.py`, pytest/tox/setup.cfg/pyproject configuration, start-up hooks, modules
+   shadowing the standard library or the test venv, the grader's folder), so the agent's edits
+   to tests and test configuration are reverted by construction;
+3. applies the row's hidden `test_patch`; one that does not apply to the starting state is a
+   broken task: `TaskDefect`, never a score;
+4. runs FAIL_TO_PASS and PASS_TO_PASS with pytest in a bubblewrap sandbox (no network, the test
+   venv mounted read-only, the project's own `.dist-info` beside the workspace), started by our
+   bootstrap (`pytest_bootstrap.py`) under a per-test timeout, past collection errors of other
+   modules; outcomes come back through a file descriptor opened outside the sandbox and are
+   checked (`test_run.read_channel`);
+5. resolved iff the run is valid and every F2P and P2P test really passed (`strict`; the
+   `swebench` semantics also count xfailed, as SWE-bench's report does). Optional partial
+   credit: the share of F2P tests passing, if all P2P tests pass.
+The threat model behind these steps is in docs/sandbox.md.
 """
 
 from __future__ import annotations
@@ -19,69 +25,40 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shlex
+import shutil
+import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from conveyor.runtime.base import Runtime
+from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
-from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import SweRow
-from conveyor.swe.environment import PLUGIN_MODULE, TestEnvironment, swe_home, task_template
+from conveyor.swe.environment import (
+    TestEnvironment,
+    project_metadata,
+    swe_home,
+    task_template,
+)
 from conveyor.swe.environment import test_environment as build_test_environment
-from conveyor.swe.guards import guard_patch
+from conveyor.swe.guards import guard_patch, package_dirs, project_modules
+from conveyor.swe.local_test_runtime import LocalTestRuntime
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees
+from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
+from conveyor.types import TaskDefect
+
+__all__ = ["GradeReport", "GradingOptions", "TestOutcome", "TestRun", "grade", "run_tests"]
 
 GRADE_DIR = ".conveyor-grade"
-PASSING = frozenset({"passed", "xfailed"})
 _LOG_TAIL_BYTES = 4000
-
-
-@dataclass(frozen=True)
-class TestOutcome:
-    """One test's result: outcome passed/failed/error/skipped/xfailed/xpassed/missing."""
-
-    nodeid: str
-    outcome: str
-    phase: str = "call"
-    exc_type: str | None = None
-    message: str | None = None
-    duration: float = 0.0
-
-    __test__ = False
-
-    @property
-    def passed(self) -> bool:
-        """Counts as passing under SWE-bench semantics."""
-        return self.outcome in PASSING
-
-
-@dataclass
-class TestRun:
-    """What one pytest run in the sandbox produced."""
-
-    outcomes: dict[str, TestOutcome] = field(default_factory=dict)
-    collect_errors: dict[str, str] = field(default_factory=dict)
-    timed_out: bool = False
-    exit_code: int = 0
-    seconds: float = 0.0
-    log_tail: str = ""
-
-    __test__ = False
-
-    def outcome(self, nodeid: str) -> TestOutcome:
-        """The test's outcome; `missing` when it never ran (not collected, run killed)."""
-        return self.outcomes.get(nodeid) or TestOutcome(nodeid, "missing", phase="collect")
-
-    def passed(self) -> set[str]:
-        """Node ids that passed."""
-        return {n for n, o in self.outcomes.items() if o.passed}
+_PYTEST_OPTIONS = "-p no:cacheprovider --continue-on-collection-errors -q"
 
 
 class GradingOptions(BaseModel):
@@ -92,6 +69,11 @@ class GradingOptions(BaseModel):
     partial_credit: bool = Field(False, description="Reward the share of F2P passing.")
     runtime: str = Field("auto", description="auto | bubblewrap | local")
     memory_bytes: int = Field(4 << 30, gt=0, description="Address space per process.")
+    semantics: Semantics = Field(
+        "strict",
+        description="strict: only a real pass counts (for rewards); swebench: xfailed counts "
+        "as passing too, as in SWE-bench's report.",
+    )
 
 
 class GradeReport(BaseModel):
@@ -108,6 +90,12 @@ class GradeReport(BaseModel):
     patch_applied: bool = True
     dropped_paths: dict[str, str] = Field(default_factory=dict)
     failing: list[str] = Field(default_factory=list)
+    collect_errors: dict[str, str] = Field(
+        default_factory=dict, description="Test modules that failed to collect, and why."
+    )
+    violations: list[str] = Field(
+        default_factory=list, description="Broken rules of the outcome channel (score 0)."
+    )
     error: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -120,30 +108,52 @@ class GradeReport(BaseModel):
 
 
 def make_test_runtime(
-    workspace: Path, env: TestEnvironment, kind: str = "auto", limits: SandboxLimits | None = None
-) -> BubblewrapRuntime | LocalRuntime:
+    workspace: Path,
+    env: TestEnvironment,
+    kind: str = "auto",
+    limits: SandboxLimits | None = None,
+    extra_ro_binds: Sequence[Path] = (),
+) -> BubblewrapRuntime | LocalTestRuntime:
     """A (not yet started) runtime over `workspace` with the test venv: bubblewrap where it
     works (`auto`), else the local runtime, which warns that it does not isolate."""
     if kind == "bubblewrap" or (kind == "auto" and bubblewrap_available()[0]):
-        return BubblewrapRuntime(workspace, env_dir=env.path, limits=limits)
+        return BubblewrapRuntime(
+            workspace, env_dir=env.path, limits=limits, extra_ro_binds=extra_ro_binds
+        )
     if kind not in ("auto", "local"):
         raise ValueError(f"unknown runtime {kind!r}; use auto, bubblewrap or local")
-    return LocalRuntime(workspace, limits=limits)
+    return LocalTestRuntime(workspace, limits=limits)
 
 
-def test_env_vars(env: TestEnvironment, root: str, pythonpath: str) -> dict[str, str]:
-    """Variables a test command needs: the venv first on PATH, the plugin and project importable.
+def test_env_vars(
+    env: TestEnvironment, root: str, pythonpath: str, metadata: Path | None = None
+) -> dict[str, str]:
+    """Variables for commands of the agent's own shell: the venv first on PATH, the project (and
+    its metadata) importable. The grader does not rely on them (`python -I` ignores them).
 
     The venv's site-packages precede the workspace, so a file in the repository cannot shadow
     pytest or the test dependencies.
     """
     project = os.path.normpath(os.path.join(root, pythonpath))
+    path = [str(env.site_packages), project, *([str(metadata)] if metadata else [])]
     return {
         "PATH": f"{env.path / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "VIRTUAL_ENV": str(env.path),
-        "PYTHONPATH": f"{env.plugin_dir}:{env.site_packages}:{project}",
+        "PYTHONPATH": ":".join(path),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+def pytest_command(test_cmd: str, env: TestEnvironment) -> str:
+    """`test_cmd` (`python -m pytest`, or a wrapper such as `python -m coverage run ... -m
+    pytest`) made to start our bootstrap under `python -I` instead of pytest."""
+    words = shlex.split(test_cmd)
+    if len(words) < 3 or words[0] not in ("python", "python3") or words[-2:] != ["-m", "pytest"]:
+        raise ValueError(
+            f"test command {test_cmd!r}: expected 'python [-m wrapper ...] -m pytest' "
+            "(the grader starts pytest through its own bootstrap)"
+        )
+    return shlex.join([str(env.python), "-I", *words[1:-2], str(env.bootstrap)])
 
 
 async def run_tests(
@@ -158,81 +168,93 @@ async def run_tests(
     run_timeout_s: float = 900.0,
     runtime_kind: str = "auto",
     limits: SandboxLimits | None = None,
+    metadata: Path | None = None,
 ) -> TestRun:
     """Run pytest in a sandbox over `workspace`: `select` (node ids), else `paths` (test files
-    or folders), else the whole suite as the project configures it.
-
-    `test_cmd` is the command prefix (e.g. `python -m coverage run ... -m pytest`); our plugin
-    and options are appended, then the test files of `select`.
+    or folders), else the whole suite as the project configures it. `metadata`: the project's
+    `.dist-info` folder (`project_metadata`), put on `sys.path` after the project.
+    `per_test_timeout_s` 0 arms no per-test alarm (the whole-run deadline still holds).
     """
-    grade_dir = workspace / GRADE_DIR
-    grade_dir.mkdir(exist_ok=True)
-    if os.geteuid() == 0:
-        os.chown(grade_dir, SANDBOX_UID, SANDBOX_GID)
-    runtime = make_test_runtime(workspace, env, runtime_kind, limits)
-    root = str(getattr(runtime, "root", workspace))
-    vars_ = test_env_vars(env, root, pythonpath)
-    vars_["CONVEYOR_OUTCOMES"] = f"{root}/{GRADE_DIR}/outcomes.jsonl"
-    vars_["CONVEYOR_TEST_TIMEOUT"] = f"{per_test_timeout_s:g}"
     args: list[str] = list(paths or [])
     if select is not None:
-        (grade_dir / "select.json").write_text(json.dumps(sorted(set(select))))
-        vars_["CONVEYOR_SELECT"] = f"{root}/{GRADE_DIR}/select.json"
         args = sorted({nodeid.split("::")[0] for nodeid in select})
         if not args:
             return TestRun()
-    runtime.extra_env.update(vars_)
-    plugin = f"-p {PLUGIN_MODULE} -p no:cacheprovider --rootdir={shlex.quote(root)}"
-    files = " ".join(shlex.quote(a) for a in args)
-    log = f"{root}/{GRADE_DIR}/pytest.log"
-    command = f"{test_cmd} {plugin} -q {files} > {log} 2>&1"
-    start = time.monotonic()
-    await runtime.start()
+    # A scratch folder of the test command's own (coverage data, ...): nothing graded is read
+    # from it.
+    scratch = workspace / GRADE_DIR
+    scratch.mkdir(exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(scratch, SANDBOX_UID, SANDBOX_GID)
+    home = swe_home() / "grades"
+    home.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix="run-", dir=home))
+    fd = -1
+    # The bootstrap reads this once from a pipe, before any project code runs, and signs its
+    # session record with it: a forged stream must first dig it out of the process's memory.
+    nonce = secrets.token_hex(16)
+    nonce_fd, nonce_w = os.pipe()
+    os.write(nonce_w, nonce.encode())
+    os.close(nonce_w)
     try:
-        result = await runtime.exec(command, run_timeout_s)
+        # The channel: a file only the grader can open (not mounted), handed over as an fd.
+        fd = os.open(private / "outcomes.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        shared = private / "ro"
+        shared.mkdir(mode=0o755)
+        os.chmod(private, 0o755)
+        mounts = [shared, *([metadata] if metadata is not None else [])]
+        runtime = make_test_runtime(workspace, env, runtime_kind, limits, mounts)
+        root = str(runtime.root)
+        config = {
+            "outcomes_fd": fd,
+            "nonce_fd": nonce_fd,
+            "select": sorted(set(select)) if select is not None else None,
+            "timeout_s": per_test_timeout_s,
+            "paths": [os.path.normpath(os.path.join(root, pythonpath))]
+            + ([str(metadata)] if metadata is not None else []),
+            "plugin_dir": str(env.plugin_dir),
+        }
+        (shared / "run.json").write_text(json.dumps(config))
+        os.chmod(shared / "run.json", 0o644)
+        runtime.extra_env.update(test_env_vars(env, root, pythonpath, metadata))
+        files = " ".join(shlex.quote(a) for a in args)
+        command = (
+            f"{pytest_command(test_cmd, env)} {shlex.quote(str(shared / 'run.json'))} "
+            f"{_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
+        )
+        start = time.monotonic()
+        await runtime.start()
+        try:
+            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd, nonce_fd))
+        finally:
+            await runtime.close()
+        os.close(fd)
+        fd = -1
+        text = (private / "outcomes.jsonl").read_text(encoding="utf-8", errors="replace")
     finally:
-        await runtime.close()
-    run = _read_run(grade_dir)
-    run.timed_out, run.exit_code = result.timed_out, result.exit_code
+        if fd >= 0:
+            os.close(fd)
+        os.close(nonce_fd)
+        shutil.rmtree(private, ignore_errors=True)
+    run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out, nonce=nonce)
     run.seconds = time.monotonic() - start
-    return run
-
-
-def _read_run(grade_dir: Path) -> TestRun:
-    run = TestRun()
-    outcomes = grade_dir / "outcomes.jsonl"
-    if outcomes.exists():
-        for line in outcomes.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("kind") == "collect_error":
-                run.collect_errors[str(record["nodeid"])] = str(record.get("message") or "")
-            elif record.get("kind") == "test":
-                run.outcomes[str(record["nodeid"])] = TestOutcome(
-                    nodeid=str(record["nodeid"]),
-                    outcome=str(record["outcome"]),
-                    phase=str(record.get("phase") or "call"),
-                    exc_type=record.get("exc_type"),
-                    message=record.get("message"),
-                    duration=float(record.get("duration") or 0.0),
-                )
-    log = grade_dir / "pytest.log"
-    if log.exists():
-        with open(log, "rb") as handle:
-            handle.seek(max(0, log.stat().st_size - _LOG_TAIL_BYTES))
-            run.log_tail = handle.read().decode(errors="replace")
+    run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
     return run
 
 
 def score_run(
-    row: SweRow, run: TestRun, *, partial_credit: bool = False
+    row: SweRow,
+    run: TestRun,
+    *,
+    partial_credit: bool = False,
+    semantics: Semantics = "strict",
 ) -> tuple[bool, int, int, float, list[str]]:
-    """(resolved, f2p passed, p2p passed, reward, failing node ids) of a run for a row."""
-    f2p = sum(run.outcome(t).passed for t in row.FAIL_TO_PASS)
-    p2p = sum(run.outcome(t).passed for t in row.PASS_TO_PASS)
-    failing = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if not run.outcome(t).passed]
+    """(resolved, f2p passed, p2p passed, reward, failing node ids) of a run for a row; an
+    invalid run (violations, whole-run timeout) passes nothing."""
+    passing = run.passed(semantics)
+    f2p = sum(t in passing for t in row.FAIL_TO_PASS)
+    p2p = sum(t in passing for t in row.PASS_TO_PASS)
+    failing = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if t not in passing]
     resolved = f2p == len(row.FAIL_TO_PASS) and p2p == len(row.PASS_TO_PASS)
     reward = 1.0 if resolved else 0.0
     if partial_credit and not resolved and p2p == len(row.PASS_TO_PASS) and row.FAIL_TO_PASS:
@@ -256,13 +278,33 @@ def row_environment(row: SweRow) -> TestEnvironment:
     return build_test_environment(row.env.extra_test_deps)
 
 
+def row_metadata(row: SweRow) -> Path | None:
+    """The project's `.dist-info` folder of a `pypi:` row (cached per release)."""
+    return project_metadata(row.project, row.version) if row.project else None
+
+
+def _check_test_patch(row: SweRow, template: Path) -> None:
+    """`TaskDefect` unless the row's test patch applies to its own starting state."""
+    with make_workspace(template, swe_home() / "workspaces") as scratch:
+        try:
+            apply_patch(scratch.path, row.test_patch)
+        except PatchError as exc:
+            raise TaskDefect(
+                f"{row.instance_id}: the hidden test patch does not apply to the task's "
+                f"starting state: {exc}"
+            ) from exc
+
+
 async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) -> GradeReport:
     """Grade `patch` (a diff against the row's starting state) from scratch; see module doc."""
     options = options or GradingOptions()
     start = time.monotonic()
     template = await asyncio.to_thread(row_template, row)
     env = await asyncio.to_thread(row_environment, row)
-    guarded = guard_patch(patch, env.top_level_modules)
+    metadata = await asyncio.to_thread(row_metadata, row)
+    packages = await asyncio.to_thread(package_dirs, template)
+    own = project_modules(template / row.env.pythonpath)
+    guarded = guard_patch(patch, set(env.top_level_modules) - own, packages)
     base = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
     base |= dict(p2p_total=len(row.PASS_TO_PASS), dropped_paths=guarded.dropped)
     workspace = await asyncio.to_thread(make_workspace, template, swe_home() / "workspaces")
@@ -279,7 +321,20 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
                 patch_applied=False,
                 error=f"patch did not apply: {exc}",
             )
-        await asyncio.to_thread(apply_patch, workspace.path, row.test_patch)
+        try:
+            await asyncio.to_thread(apply_patch, workspace.path, row.test_patch)
+        except PatchError:
+            # Broken task, or (for a test patch touching library files) the policy's edit: the
+            # pristine starting state tells which.
+            await asyncio.to_thread(_check_test_patch, row, template)
+            return GradeReport(
+                **base,
+                resolved=False,
+                f2p_passed=0,
+                p2p_passed=0,
+                seconds=time.monotonic() - start,
+                error="the hidden test patch does not apply over this patch",
+            )
         run = await run_tests(
             workspace.path,
             env,
@@ -290,11 +345,16 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
             run_timeout_s=options.run_timeout_s,
             runtime_kind=options.runtime,
             limits=SandboxLimits(memory_bytes=options.memory_bytes),
+            metadata=metadata,
         )
     finally:
         await asyncio.to_thread(workspace.remove)
-    resolved, f2p, p2p, reward, failing = score_run(row, run, partial_credit=options.partial_credit)
+    resolved, f2p, p2p, reward, failing = score_run(
+        row, run, partial_credit=options.partial_credit, semantics=options.semantics
+    )
     error = "test run timed out" if run.timed_out else None
+    if run.violations:
+        error = f"the test process broke the grading rules: {run.violations[0]}"
     return GradeReport(
         **base,
         resolved=resolved,
@@ -303,6 +363,8 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         seconds=time.monotonic() - start,
         reward=reward,
         failing=failing[:50],
+        collect_errors={k: v[-300:] for k, v in list(run.collect_errors.items())[:20]},
+        violations=run.violations[:20],
         error=error,
     )
 

@@ -1,58 +1,68 @@
-"""A pytest plugin recording one JSON line per test outcome; copied into each test environment.
+"""A pytest plugin recording every test phase's report as one JSON line; copied into each test env.
 
-Stand-alone (no conveyor imports): it is loaded inside the sandbox as `-p conveyor_outcomes`
-from the environment's read-only plugin folder. Environment variables:
+Stand-alone (no conveyor imports). The grader's bootstrap (`pytest_bootstrap.py`, run as
+`conveyor_pytest.py`) imports it before any project code, calls `configure(...)` and hands it
+to `pytest.main`. Nothing is read from the environment, so the test process cannot redirect it.
 
-- `CONVEYOR_OUTCOMES`: the JSON-lines file to append to (flushed per test, so a run killed at
-  its deadline still leaves the outcomes of the tests that finished);
-- `CONVEYOR_SELECT`: optional JSON file with a list of node ids; other tests are deselected;
-- `CONVEYOR_TEST_TIMEOUT`: seconds per test (setup + call + teardown); past it the test fails
-  with `TestTimeout` raised by SIGALRM (an infinite loop in pure Python is interrupted).
+Lines written to the outcome channel (a file descriptor the grader opened outside the sandbox):
+- `{"kind": "report", "nodeid", "when", "outcome", "wasxfail", "subtest", "exc_type",
+  "message", "duration"}`: one per phase (setup, call, teardown) as pytest finally saw it, plus
+  one per subtest (`subtest: true`: reports made while the test function runs, e.g. unittest's
+  `subTest`), which can only fail their test;
+- `{"kind": "collect_error", "nodeid", "message"}`: a module that failed to import or collect;
+- `{"kind": "collected", "nodeids"}`: the items left after the selection, once.
+The grader folds the phases into one outcome per test and rejects duplicates.
 
-Lines: `{"kind": "test", "nodeid", "outcome", "phase", "exc_type", "message", "duration"}` with
-outcome passed / failed / error / skipped / xfailed / xpassed, and `{"kind": "collect_error",
-"nodeid", "message"}` for modules that failed to import or collect.
+A test runs at most `timeout_s` (setup + call + teardown); past it the test fails with
+`TestTimeout` raised by SIGALRM (an infinite loop in pure Python is interrupted).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 _MESSAGE_CHARS = 600
-_records: dict[str, dict[str, Any]] = {}
+_settings: dict[str, Any] = {"write": None, "select": None, "timeout_s": 0.0, "in_call": None}
 
 
 class TestTimeout(Exception):
-    """The test ran past CONVEYOR_TEST_TIMEOUT seconds."""
+    """The test ran past its per-test timeout."""
 
     __test__ = False
 
 
+def configure(write: Callable[[str], None], select: list[str] | None, timeout_s: float) -> None:
+    """Where records go (`write` takes one line), which node ids run, and the per-test alarm."""
+    _settings.update(write=write, select=set(select) if select is not None else None)
+    _settings["timeout_s"] = timeout_s
+
+
 def _write(record: dict[str, Any]) -> None:
-    path = os.environ.get("CONVEYOR_OUTCOMES")
-    if not path:
-        return
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+    write = _settings["write"]
+    if write is not None:
+        write(json.dumps(record) + "\n")
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Keep only the selected node ids, if a selection was given."""
-    select = os.environ.get("CONVEYOR_SELECT")
-    if not select:
+    wanted = _settings["select"]
+    if wanted is None:
         return
-    with open(select, encoding="utf-8") as handle:
-        wanted = set(json.load(handle))
     kept = [item for item in items if item.nodeid in wanted]
     deselected = [item for item in items if item.nodeid not in wanted]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     items[:] = kept
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Record what will run, so the grader can check every item reported exactly once."""
+    _write({"kind": "collected", "nodeids": [item.nodeid for item in session.items]})
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -63,13 +73,13 @@ def pytest_collectreport(report: Any) -> None:
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    raise TestTimeout(f"test exceeded {os.environ.get('CONVEYOR_TEST_TIMEOUT')} s")
+    raise TestTimeout(f"test exceeded {_settings['timeout_s']:g} s")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
-    """Arm the per-test alarm around setup, call and teardown; write the test's record."""
-    timeout = float(os.environ.get("CONVEYOR_TEST_TIMEOUT") or 0)
+    """Arm the per-test alarm around setup, call and teardown."""
+    timeout = float(_settings["timeout_s"] or 0)
     if timeout > 0:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -78,43 +88,37 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     finally:
         if timeout > 0:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        record = _records.pop(item.nodeid, None)
-        if record is not None:
-            _write(record)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: Any) -> Any:
+    """Mark the test function's run: reports made meanwhile are its subtests'."""
+    _settings["in_call"] = item.nodeid
+    try:
+        yield
+    finally:
+        _settings["in_call"] = None
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
-    """Record the phase's report as pytest will see it (outermost wrapper: after every other
-    plugin had its say), with the exception type and message of a failure."""
+    """Write the phase's report as pytest will see it (outermost wrapper: after every other
+    plugin had its say), at once, so a record already written cannot be changed in memory."""
     outcome = yield
     report = outcome.get_result()
-    record = _records.setdefault(
-        item.nodeid,
-        {
-            "kind": "test",
-            "nodeid": item.nodeid,
-            "outcome": "passed",
-            "phase": "call",
-            "exc_type": None,
-            "message": None,
-            "duration": 0.0,
-        },
-    )
-    record["duration"] += float(getattr(report, "duration", 0.0))
-    if report.skipped:
-        if record["outcome"] == "passed":
-            record["outcome"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
-            record["phase"] = report.when
-        return
-    if report.passed and hasattr(report, "wasxfail") and report.when == "call":
-        record["outcome"] = "xpassed"
-        return
-    if not report.failed or record["outcome"] in ("failed", "error"):
-        return
-    record["outcome"] = "failed" if report.when == "call" else "error"
-    record["phase"] = report.when
-    if call.excinfo is not None:
+    record: dict[str, Any] = {
+        "kind": "report",
+        "nodeid": item.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "wasxfail": hasattr(report, "wasxfail"),
+        "subtest": report.when == "call" and _settings["in_call"] == item.nodeid,
+        "exc_type": None,
+        "message": None,
+        "duration": float(getattr(report, "duration", 0.0)),
+    }
+    if report.failed and call.excinfo is not None:
         record["exc_type"] = call.excinfo.type.__name__
         text = str(call.excinfo.value) or call.excinfo.typename
         record["message"] = text[:_MESSAGE_CHARS]
+    _write(record)

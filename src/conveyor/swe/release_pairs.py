@@ -20,7 +20,7 @@ from pathlib import Path
 
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import PYPI_PREFIX, RowEnvironment, SweRow
-from conveyor.swe.environment import project_source, swe_home, test_environment
+from conveyor.swe.environment import project_metadata, project_source, swe_home, test_environment
 from conveyor.swe.factory import _ignored, verify_row
 from conveyor.swe.grading import TestRun, run_tests
 from conveyor.swe.guards import is_test_file
@@ -87,14 +87,19 @@ def has_tests(root: Path) -> bool:
 
 
 async def _run_suite(
-    template: Path, patches: list[str], spec: ProjectSpec, pythonpath: str
+    template: Path, patches: list[str], spec: ProjectSpec, pythonpath: str, version: str
 ) -> TestRun:
     env = await asyncio.to_thread(test_environment, list(spec.extra_test_deps))
+    metadata = await asyncio.to_thread(project_metadata, spec.name, version)
     with make_workspace(template, swe_home() / "workspaces") as ws:
         for patch in patches:
             await asyncio.to_thread(apply_patch, ws.path, patch)
         return await run_tests(
-            ws.path, env, paths=list(spec.test_paths) or None, pythonpath=pythonpath
+            ws.path,
+            env,
+            paths=list(spec.test_paths) or None,
+            pythonpath=pythonpath,
+            metadata=metadata,
         )
 
 
@@ -116,8 +121,8 @@ async def release_pair_row(spec: ProjectSpec, old: str, new: str) -> SweRow | st
         return "no_test_change"
     pythonpath = old_layout.pythonpath
     try:
-        before = await _run_suite(old_root, [tests], spec, pythonpath)
-        after = await _run_suite(old_root, [tests, gold], spec, pythonpath)
+        before = await _run_suite(old_root, [tests], spec, pythonpath, old)
+        after = await _run_suite(old_root, [tests, gold], spec, pythonpath, old)
     except Exception as exc:  # a patch that does not apply to the sdist as published
         return f"patch_failed: {str(exc)[:80]}"
     # slow tests (nth_prime searches, hypothesis runs) time out under load: left out
