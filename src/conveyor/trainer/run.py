@@ -205,6 +205,12 @@ async def run_training(
     else:
         run_dir = make_run_dir(config, "train")
         (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    if train.steps and config.sampling.top_p < 1:
+        # vLLM's processed logprobs are taken after the nucleus cut; the trainer's are not.
+        raise ConfigError(
+            f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
+            "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
+        )
     started = time.monotonic()
     model_dir = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_dir)
