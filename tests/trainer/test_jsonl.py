@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.config import ConfigError
 from conveyor.trainer.faults import armed, killing_midway
 from conveyor.trainer.jsonl import append_records, read_records, repair
 from conveyor.trainer.resume import prepare_resume
@@ -95,5 +96,5 @@ def test_kill_hook_parses_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(killing_midway([("a", 1), ("b", 2)], 1)) == [("a", 1), ("b", 2)]
     for bad in ("weights:2", "rollouts", "rollouts:0", "rollouts:x"):
         monkeypatch.setenv("CONVEYOR_KILL_AT", bad)
-        with pytest.raises(ValueError, match="CONVEYOR_KILL_AT"):
+        with pytest.raises(ConfigError, match="CONVEYOR_KILL_AT"):
             armed()

@@ -20,6 +20,8 @@ import signal
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+from conveyor.config import ConfigError
+
 ENV = "CONVEYOR_KILL_AT"
 POINTS = ("rollouts", "train_step", "weight_sync", "checkpoint_write")
 
@@ -33,7 +35,7 @@ def armed() -> tuple[str, int] | None:
         return None
     point, _, step = value.partition(":")
     if point not in POINTS or not step.isdigit() or int(step) < 1:
-        raise ValueError(
+        raise ConfigError(
             f"{ENV}={value!r}: expected POINT:STEP with POINT one of {', '.join(POINTS)} "
             "and STEP >= 1"
         )
