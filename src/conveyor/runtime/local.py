@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from conveyor.runtime.base import ExecResult, RuntimeFailure
@@ -79,8 +79,13 @@ class LocalRuntime(HostWorkspaceRuntime):
         _warn_once()
         self._started = True
 
-    async def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` with bash in the workspace; its process group dies when it ends."""
+    async def exec(
+        self, command: str, timeout_s: float, *, pass_fds: Sequence[int] = ()
+    ) -> ExecResult:
+        """Run `command` with bash in the workspace; its process group dies when it ends.
+
+        `pass_fds`: file descriptors the command inherits at the same numbers (the grader's
+        outcome channel), as `BubblewrapRuntime.exec` takes them."""
         self._check_usable()
         env = {**os.environ, "PAGER": "cat", "GIT_PAGER": "cat", **self.extra_env}
         # Per-command marker: finishing one command must not kill a concurrent one.
@@ -94,6 +99,7 @@ class LocalRuntime(HostWorkspaceRuntime):
             cwd=self.workspace,
             env=env,
             cleanup=functools.partial(kill_marked, marker),
+            pass_fds=pass_fds,
         )
 
     async def close(self) -> None:

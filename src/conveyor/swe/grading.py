@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
+from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
@@ -49,7 +50,6 @@ from conveyor.swe.environment import (
 )
 from conveyor.swe.environment import test_environment as build_test_environment
 from conveyor.swe.guards import guard_patch, package_dirs, project_modules
-from conveyor.swe.local_test_runtime import LocalTestRuntime
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees
 from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
 from conveyor.types import TaskDefect
@@ -113,7 +113,7 @@ def make_test_runtime(
     kind: str = "auto",
     limits: SandboxLimits | None = None,
     extra_ro_binds: Sequence[Path] = (),
-) -> BubblewrapRuntime | LocalTestRuntime:
+) -> BubblewrapRuntime | LocalRuntime:
     """A (not yet started) runtime over `workspace` with the test venv: bubblewrap where it
     works (`auto`), else the local runtime, which warns that it does not isolate."""
     if kind == "bubblewrap" or (kind == "auto" and bubblewrap_available()[0]):
@@ -122,7 +122,7 @@ def make_test_runtime(
         )
     if kind not in ("auto", "local"):
         raise ValueError(f"unknown runtime {kind!r}; use auto, bubblewrap or local")
-    return LocalTestRuntime(workspace, limits=limits)
+    return LocalRuntime(workspace, limits=limits)
 
 
 def test_env_vars(
