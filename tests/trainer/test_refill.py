@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_llama import low_token_count, one_turn, save_tiny_llama
+from tiny_llama import LowHalfStages, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, DispatchConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.base import RuntimeFailure
-from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.advantages import get_advantage
 from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.engine import TorchTrainingEngine
@@ -45,31 +44,26 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-refill"))
 
 
-class FlakyInitStages:
-    """Sample a few tokens from a real engine; reward = share of low-half token ids. The
-    runtime's init fails for the attempts `FAILING` names; every init is logged."""
+class FlakyInitStages(LowHalfStages):
+    """The toy task whose runtime's init fails for the attempts `FAILING` names; every init is
+    logged."""
 
     def __init__(self, engine: HFEngine) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.inits: list[tuple[str, int, int]] = []
+
+    def seed(self, task: Task, sample_index: int) -> int:
+        return int(sha256(f"{task.id}/{sample_index}".encode()).hexdigest()[:8], 16)
+
+    def score(self, low: int, total: int) -> float:
+        # Never 0 for a real rollout, so a fake zero in a baseline would show.
+        return (1 + low) / (1 + total)
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Any:
         self.inits.append((task.id, sample_index, attempt))
         if attempt in FAILING.get((task.id, sample_index), set()):
             raise RuntimeFailure(f"sandbox of {task.id}/{sample_index} died (attempt {attempt})")
-        runtime = SimulatedRuntime()
-        await runtime.start()
-        return runtime
-
-    async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
-        seed = int(sha256(f"{task.id}/{sample_index}".encode()).hexdigest()[:8], 16)
-        return await one_turn(self.engine, task, sample_index, seed)
-
-    async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        low, total = low_token_count(trajectory)
-        # Never 0 for a real rollout, so a fake zero in a baseline would show.
-        share = (1 + low) / (1 + total)
-        return trajectory.model_copy(update={"reward": share})
+        return await super().init(task, sample_index, attempt)
 
 
 def run_one_step(

@@ -15,16 +15,15 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_llama import low_token_count, one_turn, save_tiny_llama
+from tiny_llama import LowHalfStages, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.engines.hf_local import HFEngine
-from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
 from conveyor.trainer.resume import prepare_resume
-from conveyor.types import Task, Trajectory
+from conveyor.types import Task
 
 
 @pytest.fixture(scope="module")
@@ -32,25 +31,12 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-rl"))
 
 
-class LowHalfStages:
-    """Rollout stages of the synthetic task, sampling from a real engine."""
+class PerVersionStages(LowHalfStages):
+    """The toy task, seeded per task, sample and policy version."""
 
-    def __init__(self, engine: HFEngine) -> None:
-        self.engine = engine
-
-    async def init(self, task: Task, sample_index: int, attempt: int) -> Any:
-        runtime = SimulatedRuntime()
-        await runtime.start()
-        return runtime
-
-    async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
+    def seed(self, task: Task, sample_index: int) -> int:
         key = f"{task.id}/{sample_index}/{self.engine.policy_version}".encode()
-        return await one_turn(self.engine, task, sample_index, int(sha256(key).hexdigest()[:8], 16))
-
-    async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        low, total = low_token_count(trajectory)
-        share = low / total
-        return trajectory.model_copy(update={"reward": share})
+        return int(sha256(key).hexdigest()[:8], 16)
 
 
 TASKS = [Task(id=f"low-{k}", family="low", prompt=[], data={"k": 10 + k}) for k in range(6)]
@@ -80,7 +66,7 @@ def make_loop(
     )
     backend = TorchTrainingEngine(tiny, trainer_settings(config))
     engine = HFEngine(tiny, eos_token_id=-1)
-    loop = RLLoop(config, LowHalfStages(engine), backend, engine.update_weights, TASKS, run_dir)
+    loop = RLLoop(config, PerVersionStages(engine), backend, engine.update_weights, TASKS, run_dir)
     return loop, backend, engine
 
 

@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_llama import VOCAB, low_token_count, one_turn, random_batch, save_tiny_llama
+from tiny_llama import VOCAB, LowHalfStages, random_batch, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
 from conveyor.engines.base import SampleRequest, WeightFingerprint
 from conveyor.engines.hf_local import HFEngine
 from conveyor.engines.simulated import SimulatedEngine
-from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.backend import FingerprintedBackend, TrainBatch
 from conveyor.trainer.checkpoint import latest_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
@@ -30,7 +29,7 @@ from conveyor.trainer.weight_sync import (
     checked_sync,
     probe_ids,
 )
-from conveyor.types import Task, TrainingSample, Trajectory
+from conveyor.types import Task, TrainingSample
 
 PROBE = list(range(3, 40))
 
@@ -108,26 +107,6 @@ def test_checked_sync_on_hf_engine_passes_then_catches_a_load_patched_to_a_noop(
     assert "probe logprobs differ" in message
 
 
-class EngineStages:
-    """One sampled turn per rollout from a real engine; reward: share of low token ids."""
-
-    def __init__(self, engine: HFEngine) -> None:
-        self.engine = engine
-
-    async def init(self, task: Task, sample_index: int, attempt: int) -> Any:
-        runtime = SimulatedRuntime()
-        await runtime.start()
-        return runtime
-
-    async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
-        return await one_turn(self.engine, task, sample_index, seed=sample_index)
-
-    async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
-        low, total = low_token_count(trajectory)
-        share = low / total
-        return trajectory.model_copy(update={"reward": share})
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_rl_loop_stops_at_a_sync_whose_load_is_patched_to_a_noop_and_never_trains_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
@@ -144,7 +123,7 @@ def test_the_rl_loop_stops_at_a_sync_whose_load_is_patched_to_a_noop_and_never_t
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     loop = RLLoop(
-        config, EngineStages(engine), backend, checked_sync(engine, backend, PROBE), tasks, run_dir
+        config, LowHalfStages(engine), backend, checked_sync(engine, backend, PROBE), tasks, run_dir
     )
     done: list[int] = []
 

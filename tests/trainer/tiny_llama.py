@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.engines.base import SampleRequest
+from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.trainer.backend import TrainBatch
 from conveyor.types import StopReason, Task, TrainingSample, Trajectory, Turn
 
@@ -58,25 +59,47 @@ def random_batch(
     return TrainBatch(items=items)
 
 
-async def one_turn(engine: Any, task: Task, sample_index: int, seed: int) -> Trajectory:
-    """A one-turn rollout of `task` on `engine`: 4 tokens sampled at temperature 1 after a
-    3-token prompt that names the task (`task.data["k"]`)."""
-    prompt = [1, 2, int(task.data["k"])]
-    result = await engine.sample(
-        SampleRequest(prompt_ids=prompt, max_tokens=4, temperature=1.0, seed=seed)
-    )
-    turn = Turn(
-        prompt_ids=prompt,
-        completion_ids=result.token_ids,
-        completion_logprobs=result.logprobs,
-        loss_mask=[1] * len(result.token_ids),
-        policy_version=result.policy_version,
-        stop_reason=StopReason.LENGTH,
-    )
-    return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+class LowHalfStages:
+    """Rollout stages of the toy task on a real engine: a simulated runtime, one sampled turn of
+    4 tokens after a 3-token prompt naming the task (`task.data["k"]`), reward = the share of
+    token ids from the lower half of the vocabulary. Subclasses change the seed or the reward."""
 
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
 
-def low_token_count(trajectory: Trajectory) -> tuple[int, int]:
-    """(tokens from the lower half of the vocabulary, tokens) of the first turn: the toy reward."""
-    ids = trajectory.turns[0].completion_ids
-    return sum(1 for i in ids if i < VOCAB // 2), len(ids)
+    def seed(self, task: Task, sample_index: int) -> int:
+        """The sampling seed of one rollout."""
+        return sample_index
+
+    def score(self, low: int, total: int) -> float:
+        """The reward of `low` lower-half ids among `total`."""
+        return low / total
+
+    async def init(self, task: Task, sample_index: int, attempt: int) -> Any:
+        runtime = SimulatedRuntime()
+        await runtime.start()
+        return runtime
+
+    async def run(self, task: Task, sample_index: int, runtime: Any) -> Trajectory:
+        prompt = [1, 2, int(task.data["k"])]
+        request = SampleRequest(
+            prompt_ids=prompt,
+            max_tokens=4,
+            temperature=1.0,
+            seed=self.seed(task, sample_index),
+        )
+        result = await self.engine.sample(request)
+        turn = Turn(
+            prompt_ids=prompt,
+            completion_ids=result.token_ids,
+            completion_logprobs=result.logprobs,
+            loss_mask=[1] * len(result.token_ids),
+            policy_version=result.policy_version,
+            stop_reason=StopReason.LENGTH,
+        )
+        return Trajectory(task_id=task.id, sample_index=sample_index, turns=[turn])
+
+    async def reward(self, task: Task, trajectory: Trajectory, runtime: Any) -> Trajectory:
+        ids = trajectory.turns[0].completion_ids
+        low = sum(1 for i in ids if i < VOCAB // 2)
+        return trajectory.model_copy(update={"reward": self.score(low, len(ids))})
