@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiny_project import write_source
+
 from conveyor.swe.dataset import RowEnvironment, SweRow
-from conveyor.swe.environment import swe_home
 from conveyor.swe.patches import file_diff
 
 NAME = "conveyor-tinyplug"
@@ -71,19 +72,13 @@ def buggy_library() -> str:
 
 def ensure_project() -> Path:
     """The pristine project tree under the cache's `src/` (written once)."""
-    root = swe_home() / "src" / f"{NAME}-{VERSION}"
     files = {
         "pyproject.toml": PYPROJECT,
         "tinyplug/__init__.py": LIBRARY,
         "tinyplug/plugin.py": PLUGIN,
         "tests/test_plug.py": TESTS,
     }
-    for rel, text in files.items():
-        path = root / rel
-        if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    return root
+    return write_source(NAME, VERSION, files)
 
 
 def plugin_row() -> SweRow:

@@ -64,21 +64,27 @@ def test_add_negative():
 SETUP_CFG = "[tool:pytest]\ntestpaths = tests\n"
 
 
-def ensure_project() -> Path:
-    """The pristine project tree under the cache's `src/` (written once)."""
-    root = swe_home() / "src" / f"{NAME}-{VERSION}"
-    files = {
-        "tinycalc/__init__.py": CALC,
-        "tests/test_calc.py": TESTS,
-        "setup.cfg": SETUP_CFG,
-        "README.md": "tiny\n",
-    }
+def write_source(name: str, version: str, files: dict[str, str]) -> Path:
+    """A pristine project tree under the cache's `src/`, as `project_source` would unpack it
+    (files rewritten only where they differ)."""
+    root = swe_home() / "src" / f"{name}-{version}"
     for rel, text in files.items():
         path = root / rel
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     return root
+
+
+def ensure_project() -> Path:
+    """The pristine project tree under the cache's `src/` (written once)."""
+    files = {
+        "tinycalc/__init__.py": CALC,
+        "tests/test_calc.py": TESTS,
+        "setup.cfg": SETUP_CFG,
+        "README.md": "tiny\n",
+    }
+    return write_source(NAME, VERSION, files)
 
 
 def buggy_calc() -> str:
