@@ -256,8 +256,9 @@ class DispatchConfig(_Section):
 
     Checked at start with the other sections (`ConveyorConfig`): R at least the strategy's run
     pool (`p_run`, or `max_parallel` for `batch`/`bounded_batch`), and `reward_timeout_s` at
-    least the grading budget of every configured task family (swe: its 900 s test run plus
-    `GRADING_SETUP_S`), so the policy's slow tests are scored and never retried as infra.
+    least the grading budget every configured task family declares (`reward_budget_s`; swe:
+    its 900 s test run plus set-up), so the policy's slow tests are scored and never retried
+    as infra.
     """
 
     strategy: Literal["batch", "bounded_batch", "pipeline", "auto"] = Field(
@@ -459,10 +460,6 @@ class ConveyorConfig(_Section):
         return self
 
 
-# Workspace copy, patch application and sandbox start around a grader's test run (seconds).
-GRADING_SETUP_S = 60.0
-
-
 def _pool_problems(dispatch: DispatchConfig) -> list[str]:
     """R must admit the strategy's whole run pool, or part of the pool can never run."""
     key = "p_run" if dispatch.strategy in ("pipeline", "auto") else "max_parallel"
@@ -496,11 +493,8 @@ def _budget_problems(config: "ConveyorConfig") -> list[str]:
 
 
 def _reward_budget_s(family_name: str) -> float | None:
-    """The longest a family's `score` may legitimately take, when the family says so.
-
-    A family states it as `reward_budget_s`; a grader that runs a test suite under
-    `grading.run_timeout_s` (the swe family's `GradingOptions`) needs that plus set-up.
-    """
+    """The longest a family's `score` may legitimately take, when the family states it
+    (`reward_budget_s`)."""
     # imported here: families live above the config layer; the registry imports stay light
     from conveyor.tasks.family import get_family
 
@@ -509,12 +503,7 @@ def _reward_budget_s(family_name: str) -> float | None:
     except KeyError:
         return None  # unknown names are reported where the families are built
     budget = getattr(family, "reward_budget_s", None)
-    if isinstance(budget, int | float):
-        return float(budget)
-    run_timeout = getattr(getattr(family, "grading", None), "run_timeout_s", None)
-    if isinstance(run_timeout, int | float):
-        return float(run_timeout) + GRADING_SETUP_S
-    return None
+    return float(budget) if isinstance(budget, int | float) else None
 
 
 @dataclass(frozen=True)

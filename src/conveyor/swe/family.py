@@ -111,6 +111,15 @@ class SweFamily:
 
     name = "swe"
     grading = GradingOptions()
+    # Workspace copy, patch application and sandbox start around the graded test run (seconds).
+    grading_setup_s = 60.0
+
+    @property
+    def reward_budget_s(self) -> float:
+        """The longest `score` may legitimately take: the test run's limit plus set-up (the
+        config check refuses a reward-stage timeout below it)."""
+        return self.grading.run_timeout_s + self.grading_setup_s
+
     hint_policy = SweHintPolicy
 
     def rows(self) -> list[SweRow]:
