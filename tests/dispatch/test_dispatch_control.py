@@ -8,10 +8,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload
-from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import (
     Dispatcher,
     DispatchSettings,
@@ -21,6 +17,10 @@ from conveyor.dispatch import (
 )
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.runtime.base import Runtime
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
+from conveyor.sim.virtual_loop import run_virtual
 from conveyor.types import Status, Task, TaskDefect, Trajectory
 
 SMALL = SweSimWorkload(

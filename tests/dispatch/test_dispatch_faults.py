@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from conveyor.bench.bound import makespan_bound
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
-from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.base import Dispatcher
 from conveyor.engines.base import EngineDown, EngineError
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload, plan_rollout
+from conveyor.sim.virtual_loop import run_virtual
 from conveyor.types import Status, Trajectory
 
 STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.executors import AsyncioExecutor, Executor
 from conveyor.runtime.base import Runtime
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
 from conveyor.types import Task, Trajectory
 
 # Real time (Ray answers from other processes), so every duration is scaled down.

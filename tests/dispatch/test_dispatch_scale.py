@@ -12,11 +12,11 @@ import tracemalloc
 
 import pytest
 
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload
-from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
+from conveyor.sim.virtual_loop import run_virtual
 
 
 async def _stream(workload: SweSimWorkload, marks: tuple[int, ...] = ()) -> dict[int, int]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.bench.dispatch import simulate
-from conveyor.bench.swe_sim import SweSimWorkload
 from conveyor.dispatch.plot import plot_timeline
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.sim.swe import SweSimWorkload
 
 SMALL = SweSimWorkload(
     tasks=6, samples_per_task=4, turns_min=3, turns_max=6, max_live_runtimes=12, cpu_slots=4

@@ -9,12 +9,12 @@ import pytest
 
 from conveyor.bench.bound import makespan_bound
 from conveyor.bench.dispatch import simulate
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload
-from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings
 from conveyor.dispatch.auto import AutoDispatcher
 from conveyor.dispatch.base import Stage
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
+from conveyor.sim.virtual_loop import run_virtual
 
 TIGHT = SweSimWorkload(tasks=16, samples_per_task=4, max_live_runtimes=32, cpu_slots=16)
 
@@ -183,7 +183,7 @@ def test_auto_reads_a_finished_runs_mean_context_from_turns_or_metrics() -> None
 
 
 def test_sim_engine_reports_its_kv_cache() -> None:
-    from conveyor.bench.sim_engine import SimEngine
+    from conveyor.sim.engine import SimEngine
 
     engine = SimEngine(TIGHT, occupancy_reference=8.0)
     assert engine.kv_capacity_tokens == TIGHT.kv_capacity_tokens * TIGHT.engine_replicas

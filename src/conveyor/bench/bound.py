@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from conveyor.bench.swe_sim import SweSimWorkload, plan_rollout
+from conveyor.sim.swe import SweSimWorkload, plan_rollout
 
 
 @dataclass(frozen=True, slots=True)

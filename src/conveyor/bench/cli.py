@@ -53,7 +53,7 @@ def dispatch(
     if workload != "swe-sim":
         raise typer.BadParameter(f"unknown workload {workload!r}; known: swe-sim, real")
     from conveyor.bench.dispatch import run_bench
-    from conveyor.bench.swe_sim import SweSimWorkload
+    from conveyor.sim.swe import SweSimWorkload
 
     base = SweSimWorkload() if tasks is None else SweSimWorkload(tasks=tasks)
     report = run_bench(

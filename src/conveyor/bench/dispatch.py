@@ -21,11 +21,11 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from conveyor.bench.bound import makespan_bound
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.sim_stages import SimEnvironment
-from conveyor.bench.swe_sim import SweSimWorkload
-from conveyor.bench.virtual_loop import run_virtual
 from conveyor.dispatch import DispatchSettings, Telemetry, make_dispatcher
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
+from conveyor.sim.virtual_loop import run_virtual
 from conveyor.types import Status
 
 Knobs = dict[str, Any]

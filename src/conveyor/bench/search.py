@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.code_index import CodeIndex, Definition, IndexCache, python_files
-from conveyor.agent.code_rank import STOP_WORDS
-from conveyor.agent.search_tool import rank_definitions
+from conveyor.agent.codesearch.index import CodeIndex, Definition, IndexCache, python_files
+from conveyor.agent.codesearch.rank import STOP_WORDS
+from conveyor.agent.codesearch.tool import rank_definitions
 from conveyor.models import cache_dir
 
 KS = (1, 5, 10)

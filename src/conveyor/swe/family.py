@@ -20,8 +20,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.code_index import CodeIndex, IndexCache
-from conveyor.agent.search_tool import search_code
+from conveyor.agent.codesearch.index import CodeIndex, IndexCache
+from conveyor.agent.codesearch.tool import search_code
 from conveyor.agent.swe_tools import make_bash_tool, str_replace_editor
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.runtime.base import Runtime

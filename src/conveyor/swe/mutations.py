@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.agent.code_scan import parse_source
+from conveyor.agent.codesearch.scan import parse_source
 
 MUTATION_KINDS = (
     "flip_comparison",

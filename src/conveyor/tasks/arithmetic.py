@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conveyor.agent.code_scan import parse_expression
+from conveyor.agent.codesearch.scan import parse_expression
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish, tool
 from conveyor.runtime.base import Runtime

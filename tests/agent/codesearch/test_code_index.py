@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.agent.code_index import CodeIndex, IndexCache, content_hash, is_test_path
+from conveyor.agent.codesearch.index import CodeIndex, IndexCache, content_hash, is_test_path
 
-SAMPLE = Path(__file__).parents[1] / "fixtures" / "code_index_sample"
+SAMPLE = Path(__file__).parents[2] / "fixtures" / "code_index_sample"
 
 
 @pytest.fixture(scope="module")

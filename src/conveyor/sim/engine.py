@@ -20,7 +20,7 @@ import heapq
 import zlib
 from collections import OrderedDict, deque
 
-from conveyor.bench.swe_sim import SweSimWorkload
+from conveyor.sim.swe import SweSimWorkload
 
 
 class _Request:

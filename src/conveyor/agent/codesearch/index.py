@@ -20,8 +20,8 @@ from dataclasses import astuple, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.agent.code_rank import name_similarity, normalize_name, search_tokens
-from conveyor.agent.code_scan import Definition, Reference, scan_module
+from conveyor.agent.codesearch.rank import name_similarity, normalize_name, search_tokens
+from conveyor.agent.codesearch.scan import Definition, Reference, scan_module
 
 if TYPE_CHECKING:
     import bm25s

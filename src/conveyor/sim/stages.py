@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.bench.sim_engine import SimEngine
-from conveyor.bench.swe_sim import RolloutPlan, SweSimWorkload, plan_rollout
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.swe import RolloutPlan, SweSimWorkload, plan_rollout
 from conveyor.types import Status, Task, Trajectory
 
 ATTEMPT_FILE = "/sim/attempt"

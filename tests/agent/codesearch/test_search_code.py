@@ -12,8 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conveyor.agent.code_index import CodeIndex
-from conveyor.agent.search_tool import (
+from conveyor.agent.codesearch.index import CodeIndex
+from conveyor.agent.codesearch.tool import (
     MAX_HITS,
     mentioned_identifiers,
     rank_definitions,
@@ -25,7 +25,7 @@ from conveyor.bench import search as bench
 from conveyor.bench.search_cli import register
 from conveyor.types import Task, ToolCall
 
-SAMPLE = Path(__file__).parents[1] / "fixtures" / "code_index_sample"
+SAMPLE = Path(__file__).parents[2] / "fixtures" / "code_index_sample"
 HIT = re.compile(r"^\S+\.py:\d+-\d+  (class |module )?[\w.]+(\(.*\).*)?(  — .+)?$")
 GOLD_PATCH = """\
 diff --git a/shapes/core.py b/shapes/core.py

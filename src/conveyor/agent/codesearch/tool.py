@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from conveyor.agent.code_index import CodeIndex, Definition, IndexCache, Match, Reference
+from conveyor.agent.codesearch.index import CodeIndex, Definition, IndexCache, Match, Reference
 from conveyor.agent.tools import ToolContext, tool
 
 SearchKind = Literal["auto", "definition", "references", "callers", "text"]
