@@ -50,9 +50,9 @@ from conveyor.config import AgentConfig, SamplingConfig
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.base import EngineDown
 from conveyor.engines.openai_http import OpenAICompatibleClient
+from conveyor.registry import FAMILIES
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.limits import MARKER_ENV
-from conveyor.tasks import family as family_registry
 from conveyor.types import Status, Trajectory
 
 pytestmark = [
@@ -150,7 +150,7 @@ def chaos_family(
     if not ok:
         pytest.skip(why)
     # Nameable for this test only: the registry other tests list stays as it was.
-    monkeypatch.setitem(family_registry._FAMILIES, ChaosSandboxFamily.name, ChaosSandboxFamily)
+    monkeypatch.setitem(FAMILIES._parts, ChaosSandboxFamily.name, ChaosSandboxFamily)
     root = tmp_path / "workspaces"
     root.mkdir()
     # The host disk under the workspaces: small, so the test can fill it.

@@ -12,10 +12,9 @@ from conveyor.dispatch import (
     Dispatcher,
     DispatchSettings,
     make_dispatcher,
-    register_strategy,
-    strategy_names,
 )
 from conveyor.dispatch.limiter import AdjustableLimit
+from conveyor.registry import STRATEGIES
 from conveyor.runtime.base import Runtime
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
@@ -109,7 +108,7 @@ def test_settings_fail_loud() -> None:
         DispatchSettings(p_runn=3)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
         DispatchSettings(max_live_runtimes=0)
-    assert {"batch", "bounded_batch", "pipeline", "auto"} <= strategy_names()
+    assert {"batch", "bounded_batch", "pipeline", "auto"} <= set(STRATEGIES.names())
 
 
 class _Broken:
@@ -163,7 +162,7 @@ def test_unexpected_exceptions_become_infra_errors_not_hangs(strategy: str) -> N
 
 
 def test_a_crashing_strategy_raises_instead_of_hanging() -> None:
-    @register_strategy("test-crash")
+    @STRATEGIES.register("test-crash")
     class Crash(Dispatcher):
         async def _schedule(self, jobs: Any) -> None:
             raise KeyError("scheduler bug")

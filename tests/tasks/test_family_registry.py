@@ -11,8 +11,8 @@ import pytest
 
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
-from conveyor.tasks import ArithmeticFamily, TaskFamily, family_names, get_family
-from conveyor.tasks import family as family_module
+from conveyor.registry import FAMILIES as FAMILY_REGISTRY
+from conveyor.tasks import ArithmeticFamily, TaskFamily, get_family
 from conveyor.tasks.family import SPLIT_SHARES, register_family, sample_instances, split_of
 from conveyor.types import Task
 
@@ -53,25 +53,30 @@ def test_unknown_family_names_the_known_ones() -> None:
         get_family("nope")
 
 
-def test_registering_a_name_twice_is_an_error() -> None:
+def test_registering_another_class_under_a_taken_name_is_an_error() -> None:
+    class Impostor(ArithmeticFamily):
+        name = "arithmetic"
+
     with pytest.raises(ValueError, match="'arithmetic' is already registered"):
-        register_family(ArithmeticFamily)
+        register_family(Impostor)
+    register_family(ArithmeticFamily)  # the same class again is a no-op (a re-imported module)
+    assert isinstance(get_family("arithmetic"), ArithmeticFamily)
 
 
 def test_register_family_makes_a_class_nameable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(family_module, "_FAMILIES", dict(family_module._FAMILIES))
+    monkeypatch.setattr(FAMILY_REGISTRY, "_parts", dict(FAMILY_REGISTRY._parts))
 
     @register_family
     class Echo(ArithmeticFamily):
         name = "echo"
 
-    assert "echo" in family_names()
+    assert "echo" in FAMILY_REGISTRY.names()
     assert isinstance(get_family("echo"), Echo)
 
     class Nameless:
         pass
 
-    with pytest.raises(TypeError, match="needs a non-empty class attribute `name`"):
+    with pytest.raises(TypeError, match="needs a name"):
         register_family(Nameless)  # type: ignore[type-var]
 
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from conveyor.registry import ADVANTAGES
 from conveyor.trainer.advantages import (
     GRPO,
-    advantage_names,
     assign_to_samples,
     get_advantage,
     group_rewards,
@@ -33,7 +33,7 @@ def trajectory(reward: float | None, samples: int = 1, index: int = 0) -> Trajec
 
 
 def test_registry_names_and_options() -> None:
-    assert {"grpo", "rloo", "reinforce_pp"} <= advantage_names()
+    assert {"grpo", "rloo", "reinforce_pp"} <= set(ADVANTAGES.names())
     estimator = get_advantage("grpo", scale_by_std=False)
     assert isinstance(estimator, GRPO) and estimator.scale_by_std is False
     assert estimator.name == "grpo"

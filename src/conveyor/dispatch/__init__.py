@@ -8,7 +8,6 @@ from __future__ import annotations
 from conveyor.dispatch.base import Dispatcher, EngineProbe, Stage
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.factory import make_dispatcher
-from conveyor.dispatch.registry import register_strategy, strategy_class, strategy_names
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 
@@ -20,7 +19,4 @@ __all__ = [
     "Stage",
     "Telemetry",
     "make_dispatcher",
-    "register_strategy",
-    "strategy_class",
-    "strategy_names",
 ]

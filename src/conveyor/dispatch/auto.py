@@ -81,9 +81,9 @@ from typing import Any
 from conveyor.dispatch.base import RolloutJob, Stage
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.pipeline import PipelineDispatcher
-from conveyor.dispatch.registry import register_strategy
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.registry import STRATEGIES
 from conveyor.types import Trajectory
 
 _HISTORY = 256
@@ -126,7 +126,7 @@ def _delta(now: int | None, before: int | None) -> int | None:
     return now - before if now is not None and before is not None else None
 
 
-@register_strategy("auto")
+@STRATEGIES.register("auto")
 class AutoDispatcher(PipelineDispatcher):
     """A `pipeline` whose `p_init`, `p_run` and `p_reward` follow the measured load."""
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from itertools import islice
 
 from conveyor.dispatch.base import Dispatcher, RolloutJob, Stage
-from conveyor.dispatch.registry import register_strategy
+from conveyor.registry import STRATEGIES
 
 
-@register_strategy("batch")
+@STRATEGIES.register("batch")
 class BatchDispatcher(Dispatcher):
     """Synchronous batching: a wave of `min(max_parallel, max_live_runtimes)` rollouts passes
     each stage together, with a barrier between stages and between waves.

@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Iterator
 
 from conveyor.dispatch.base import Dispatcher, RolloutJob
-from conveyor.dispatch.registry import register_strategy
+from conveyor.registry import STRATEGIES
 
 
-@register_strategy("bounded_batch")
+@STRATEGIES.register("bounded_batch")
 class BoundedBatchDispatcher(Dispatcher):
     """At most `max_parallel` rollouts in flight; each holds its slot through init, run and
     reward (and any infra retries), and the next rollout is admitted when one finishes."""

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from conveyor.config import ConveyorConfig, DispatchConfig
+from conveyor.registry import STRATEGIES
 
 AdmissionOrder = Literal["trajectory_major", "group_aware"]
 # Seconds the dispatcher waits past the agent loop's own wall budget before cancelling a run stage.
@@ -46,9 +47,5 @@ class DispatchSettings(DispatchConfig):
 
     @model_validator(mode="after")
     def _known_strategy(self) -> DispatchSettings:
-        from conveyor.dispatch.registry import strategy_names
-
-        names = strategy_names()
-        if self.strategy not in names:
-            raise ValueError(f"unknown dispatch strategy {self.strategy!r}; known: {sorted(names)}")
+        STRATEGIES.check(self.strategy)
         return self

@@ -5,9 +5,9 @@ from __future__ import annotations
 from conveyor.dispatch.base import Dispatcher, EngineProbe
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.executors import AsyncioExecutor, Executor
-from conveyor.dispatch.registry import strategy_class
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.registry import STRATEGIES
 
 
 def make_dispatcher(
@@ -20,4 +20,4 @@ def make_dispatcher(
 ) -> Dispatcher:
     """The strategy `settings.strategy` driving `stages` placed by `executor` (asyncio default)."""
     placed = (executor or AsyncioExecutor()).place(stages)
-    return strategy_class(settings.strategy)(placed, settings, engine=engine, telemetry=telemetry)
+    return STRATEGIES.get(settings.strategy)(placed, settings, engine=engine, telemetry=telemetry)

@@ -9,14 +9,14 @@ from typing import Any
 from conveyor.dispatch.base import Dispatcher, RolloutJob, Stage
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.limiter import AdjustableLimit
-from conveyor.dispatch.registry import register_strategy
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.registry import STRATEGIES
 
 _QueueItem = tuple[int, int, RolloutJob]  # (retry first = 0 / fresh = 1, admission seq, job)
 
 
-@register_strategy("pipeline")
+@STRATEGIES.register("pipeline")
 class PipelineDispatcher(Dispatcher):
     """Stage pools of width `p_init`, `p_run`, `p_reward` joined by priority queues.
 

@@ -7,7 +7,6 @@ from conveyor.tasks.arithmetic import ArithmeticFamily
 from conveyor.tasks.family import (
     SPLIT_SHARES,
     TaskFamily,
-    family_names,
     get_family,
     register_family,
 )
@@ -18,7 +17,6 @@ __all__ = [
     "ArithmeticFamily",
     "FileNavFamily",
     "TaskFamily",
-    "family_names",
     "get_family",
     "register_family",
 ]

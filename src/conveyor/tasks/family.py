@@ -1,8 +1,8 @@
 """The task-family protocol, the registry of families by name, and split-safe instance sampling.
 
 A family generates task instances and everything a rollout of one needs: its tools, a started
-runtime, a scorer and an oracle. Config files name families; `@register_family` makes a class
-nameable.
+runtime, a scorer and an oracle. Config files name families; `@register_family` registers a class in
+`conveyor.registry.FAMILIES`.
 
 Splits never overlap: which split an instance belongs to is a function of its content (a hash of
 its canonical key), not of the seed, so no seed can put an evaluation instance into training.
@@ -11,12 +11,12 @@ its canonical key), not of the seed, so no seed can put an evaluation instance i
 from __future__ import annotations
 
 import hashlib
-import importlib
 import random
 from collections.abc import Callable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from conveyor.agent.tools import ToolRegistry
+from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
 from conveyor.types import Task, ToolCall
 
@@ -61,38 +61,14 @@ class TaskFamily(Protocol):
         ...
 
 
-_FAMILIES: dict[str, Callable[[], TaskFamily]] = {}
-# Families that live in heavier layers (recipes) register on first use, keeping imports light and
-# acyclic: the name maps to the module whose import registers it.
-_LAZY: dict[str, str] = {"swe": "conveyor.swe.family"}
-
-
 def register_family(cls: type[F]) -> type[F]:
-    """Class decorator: make a family available to `get_family` under its `name`."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"task family {cls.__qualname__} needs a non-empty class attribute `name`")
-    if name in _FAMILIES:
-        raise ValueError(f"a task family named '{name}' is already registered")
-    _FAMILIES[name] = cls
-    return cls
+    """Class decorator: make a family nameable in config under its `name` (`FAMILIES`)."""
+    return FAMILIES.register()(cls)
 
 
 def get_family(name: str) -> TaskFamily:
-    """A new instance of the family registered as `name`; `KeyError` naming the known ones."""
-    if name not in _FAMILIES and name in _LAZY:
-        importlib.import_module(_LAZY[name])
-    try:
-        factory = _FAMILIES[name]
-    except KeyError:
-        known = ", ".join(sorted({*_FAMILIES, *_LAZY})) or "none"
-        raise KeyError(f"unknown task family '{name}'; known families: {known}") from None
-    return factory()
-
-
-def family_names() -> list[str]:
-    """Names of the families registered so far, sorted (lazy ones appear once used)."""
-    return sorted(_FAMILIES)
+    """A new instance of the family registered as `name`; `UnknownName` naming the known ones."""
+    return FAMILIES.get(name)()
 
 
 def split_of(key: str) -> str:

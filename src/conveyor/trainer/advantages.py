@@ -18,6 +18,7 @@ from typing import ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from conveyor.registry import ADVANTAGES
 from conveyor.types import TrainingSample, TrajectoryGroup
 
 GroupRewards = Sequence[Sequence[float]]
@@ -34,38 +35,17 @@ class AdvantageEstimator(Protocol):
         ...
 
 
-_ESTIMATORS: dict[str, type[AdvantageEstimator]] = {}
-
 E = TypeVar("E", bound=type[AdvantageEstimator])
 
 
 def register_advantage(name: str) -> Callable[[E], E]:
-    """Class decorator: make an estimator selectable by `name` in config."""
-
-    def decorator(cls: E) -> E:
-        if name in _ESTIMATORS and _ESTIMATORS[name] is not cls:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        _ESTIMATORS[name] = cls
-        cls.name = name
-        return cls
-
-    return decorator
-
-
-def advantage_names() -> set[str]:
-    """Names of every registered estimator."""
-    return set(_ESTIMATORS)
+    """Class decorator: make an estimator selectable by `name` in config (`ADVANTAGES`)."""
+    return ADVANTAGES.register(name)
 
 
 def get_advantage(name: str, **options: float | bool) -> AdvantageEstimator:
     """The estimator registered as `name`, built with `options` (unknown ones are an error)."""
-    try:
-        cls = _ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; known: {sorted(_ESTIMATORS)}"
-        ) from None
-    return cls(**options)
+    return ADVANTAGES.get(name)(**options)
 
 
 @register_advantage("grpo")
