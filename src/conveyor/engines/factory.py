@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from conveyor.config import ConveyorConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.models import ModelError
+
+# What the engine registry (`conveyor.registry.ENGINES`) holds: config + model folder -> client.
+EngineBuilder = Callable[[ConveyorConfig, Path], SamplingClient]
 
 
 def load_tokenizer(model_dir: Path) -> Any:
