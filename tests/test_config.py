@@ -42,12 +42,36 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
     return path
 
 
-def test_leaf_key_names_are_unique_across_the_tree() -> None:
-    names = [key.rsplit(".", 1)[-1] for key in leaf_keys()]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    assert not repeated, f"setting names reachable under two keys: {repeated}"
-    assert len(names) > 30  # the walk really descended into every section, hints included
+def section_classes(model: type[BaseModel] = ConveyorConfig) -> set[type[BaseModel]]:
+    found = {model}
+    for field in model.model_fields.values():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found |= section_classes(annotation)
+    return found
+
+
+def test_no_config_class_mirrors_another() -> None:
+    """One class per concept: no two sections share most of their settings (the old
+    `TrainerConfig`/`TrainerSettings` pair shared all of them under renamed fields)."""
+    classes = sorted(section_classes(), key=lambda c: c.__name__)
+    assert len(classes) >= 12  # the walk descended into every section, hints and loss included
+    for i, a in enumerate(classes):
+        for b in classes[i + 1 :]:
+            shared = set(a.model_fields) & set(b.model_fields)
+            assert len(shared) <= 2, f"{a.__name__} and {b.__name__} share {sorted(shared)}"
+    # the trainer and the loss take the config sections themselves
+    from conveyor.trainer import engine, losses
+
+    assert engine.TorchTrainingEngine.__init__.__annotations__["settings"] == "TrainerConfig | None"
+    assert losses.policy_loss.__annotations__["settings"] == "LossConfig | None"
     assert "agent.hints.steps_left_threshold" in leaf_keys()
+
+
+def test_a_name_in_several_sections_suggests_every_home(tmp_path: Path) -> None:
+    path = write(tmp_path, "dtype: bfloat16\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'engine\.dtype' or 'trainer\.dtype'\?"):
+        load_config(path)
 
 
 def test_every_field_is_documented() -> None:
@@ -133,7 +157,7 @@ def test_empty_file_and_empty_section_mean_defaults(tmp_path: Path) -> None:
         ("agnet:\n  max_turns: 4\n", "agnet", "agent"),
         ("agent:\n  max_turn: 4\n", "agent.max_turn", "agent.max_turns"),
         ("agent:\n  hints:\n    enabeld: false\n", "agent.hints.enabeld", "agent.hints.enabled"),
-        # the right name in the wrong section has exactly one home, since names are unique
+        # the right name in the wrong section: its home
         ("tasks:\n  max_turns: 4\n", "tasks.max_turns", "agent.max_turns"),
         ("group_size: 4\n", "group_size", "tasks.group_size"),
     ],
@@ -374,3 +398,12 @@ def test_weight_probe_tolerance_is_a_config_key_and_must_be_positive() -> None:
     assert config.engine.weight_probe_tolerance == 0.002
     with pytest.raises(ConfigError, match=r"engine\.weight_probe_tolerance.*greater than 0"):
         load_config(None, ["engine.weight_probe_tolerance=0"])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("train.steps=3", "rl.steps"), ("trainer.train_dtype=bfloat16", "trainer.dtype")],
+)
+def test_a_renamed_key_names_its_new_name(old: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=rf"did you mean '{new}'\?"):
+        load_config(None, [old])

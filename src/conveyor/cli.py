@@ -152,8 +152,8 @@ def eval_command(
     set_: SetOption = None,
 ) -> None:
     """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
+    from conveyor.app.evaluate import eval_main
     from conveyor.engines.base import EngineError
-    from conveyor.eval import eval_main
     from conveyor.models import ModelError
 
     resolved = _load(config, set_)
@@ -185,10 +185,10 @@ def train_command(
     """RL-train a model (optionally after a supervised warm start); writes a run folder."""
     import asyncio
 
+    from conveyor.app.train import run_training
     from conveyor.config import ConfigError
     from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
-    from conveyor.trainer.run import run_training
     from conveyor.trainer.weight_sync import WeightSyncError
 
     resolved = _load(config, set_)
@@ -208,11 +208,11 @@ def train_command(
 
 @app.command("sft")
 def sft_command(
-    config: Annotated[Path, typer.Argument(help="A YAML config file (train.sft_* settings).")],
+    config: Annotated[Path, typer.Argument(help="A YAML config file (rl.sft_* settings).")],
     set_: SetOption = None,
 ) -> None:
-    """Only the supervised warm start on oracle traces (train.steps=0), evaluated before/after."""
-    train_command(config, [*(set_ or []), "train.steps=0"], None)
+    """Only the supervised warm start on oracle traces (rl.steps=0), evaluated before/after."""
+    train_command(config, [*(set_ or []), "rl.steps=0"], None)
 
 
 @app.command("view")

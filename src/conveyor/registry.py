@@ -155,9 +155,3 @@ FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
         "swe": "conveyor.swe.family",
     },
 )
-
-
-def load_plugins(modules: list[str] | tuple[str, ...]) -> None:
-    """Import user modules whose import registers parts (the config's `plugins:` list)."""
-    for module in modules:
-        importlib.import_module(module)

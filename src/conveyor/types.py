@@ -119,6 +119,12 @@ class Trajectory(_Frozen):
     counters: dict[str, int] = Field(default_factory=dict)
     metrics: dict[str, float] = Field(default_factory=dict)
 
+    @property
+    def solved(self) -> bool:
+        """Whether this rollout solved its task: the one "solved" rule (reward 1, the verifier's
+        full score) behind pass@k, pass rates and the warm start's choice of oracle traces."""
+        return is_solved(self.reward)
+
     def to_json(self) -> str:
         """One JSONL line."""
         return self.model_dump_json()
@@ -186,3 +192,11 @@ class TrajectoryGroup(_Frozen):
     def rewards(self) -> list[float | None]:
         """Rewards in sample order."""
         return [t.reward for t in self.trajectories]
+
+
+SOLVED_REWARD = 1.0
+
+
+def is_solved(reward: float | None) -> bool:
+    """A reward that counts as solving the task (no reward, e.g. an infra error, never does)."""
+    return reward is not None and reward >= SOLVED_REWARD

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from conveyor.config import TrainerConfig
 from conveyor.engines.base import SampleRequest
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
+from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.types import TrainingSample
 
 pytestmark = pytest.mark.slow
@@ -69,7 +70,7 @@ def test_engine_logprobs_of_sampled_tokens_equal_the_trainers(
     engine: Any, tokenizer: Any, model_dir: Path, temperature: float
 ) -> None:
     samples = sampled(engine, tokenizer, temperature)
-    trainer = TorchTrainingEngine(model_dir, TrainerSettings(device="cpu", temperature=temperature))
+    trainer = TorchTrainingEngine(model_dir, TrainerConfig(device="cpu"), temperature=temperature)
     recomputed = trainer.compute_logprobs(samples)
     diffs = [
         abs(engine_lp - trainer_lp)

@@ -12,13 +12,14 @@ import pytest
 import torch
 from tiny_llama import random_batch, save_tiny_llama
 
+from conveyor.config import TrainerConfig
 from conveyor.trainer import checkpoint
 from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
+from conveyor.trainer.engine import TorchTrainingEngine
 
 SETTINGS: dict[str, dict[str, Any]] = {
-    "full": {"lr": 1e-3, "warmup_steps": 1, "schedule": "cosine", "total_steps": 3},
+    "full": {"lr": 1e-3, "warmup_steps": 1, "schedule": "cosine"},
     # LoRA dropout draws from torch's RNG: resuming exactly needs the RNG state restored too
     "lora": {"lr": 1e-2, "lora": {"enabled": True, "r": 4, "dropout": 0.2}},
 }
@@ -31,7 +32,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def engine(folder: Path, kind: str) -> TorchTrainingEngine:
     return TorchTrainingEngine(
-        folder, TrainerSettings(device="cpu", micro_batch_tokens=40, **SETTINGS[kind])
+        folder, TrainerConfig(device="cpu", micro_batch_tokens=40, **SETTINGS[kind]), total_steps=3
     )
 
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 import torch
 from tiny_llama import random_batch, save_tiny_llama
 
-from conveyor.trainer import losses, settings
+from conveyor.config import LossConfig, TrainerConfig
+from conveyor.trainer import losses
 from conveyor.trainer.backend import TrainBatch, TrainingBackend, logprob_agreement
 from conveyor.trainer.engine import (
     TorchTrainingEngine,
-    TrainerSettings,
     kept_token_logprobs,
     lr_factor,
     token_logprobs,
@@ -29,9 +29,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine(folder: Path, **overrides: Any) -> TorchTrainingEngine:
-    values: dict[str, Any] = {"lr": 1e-3, "seed": 0, "device": "cpu"}
+    values: dict[str, Any] = {"lr": 1e-3, "seed": 0, "device": "cpu", "micro_batch_tokens": 8192}
     values.update(overrides)
-    return TorchTrainingEngine(folder, TrainerSettings(**values))
+    options = {key: values.pop(key) for key in ("temperature", "total_steps") if key in values}
+    return TorchTrainingEngine(folder, TrainerConfig(**values), **options)
 
 
 def params(e: TorchTrainingEngine) -> dict[str, torch.Tensor]:
@@ -63,11 +64,6 @@ def capture_hidden_grads(e: TorchTrainingEngine) -> list[torch.Tensor]:
 
     e.model.get_decoder().norm.register_forward_hook(on_forward)
     return grads
-
-
-def test_settings_literals_mirror_the_loss_module() -> None:
-    assert get_args(settings.LossReduction) == get_args(losses.Reduction)
-    assert get_args(settings.KLEstimatorName) == get_args(losses.KLEstimator)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -170,8 +166,7 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_update(
         logprobs.detach(),
         advantages,
         mask,
-        reduction=reduction,
-        norm_len=n,  # type: ignore[arg-type]
+        LossConfig(reduction=reduction, norm_len=n),  # type: ignore[arg-type]
     )
     loss.backward()
     norm = torch.sqrt(sum(p.grad.square().sum() for p in model.parameters()))  # type: ignore[misc,union-attr]
@@ -286,17 +281,17 @@ def test_logprob_agreement_probe(tiny: Path) -> None:
 
 
 def test_lr_schedules() -> None:
-    s = TrainerSettings(warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
-    factors = [lr_factor(k, s) for k in range(8)]
+    s = TrainerConfig(warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    factors = [lr_factor(k, s, 6) for k in range(8)]
     assert factors[:2] == [0.5, 1.0]
     assert factors[2] == pytest.approx(1.0)
     assert factors[4] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the decay
     assert factors[6:] == pytest.approx([0.1, 0.1])
-    s = TrainerSettings(schedule="linear", total_steps=4)
-    assert [lr_factor(k, s) for k in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
-    assert lr_factor(100, TrainerSettings()) == 1.0
+    s = TrainerConfig(schedule="linear")
+    assert [lr_factor(k, s, 4) for k in range(5)] == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert lr_factor(100, TrainerConfig()) == 1.0
     with pytest.raises(ValueError, match="total_steps"):
-        TrainerSettings(schedule="cosine")
+        lr_factor(3, TrainerConfig(schedule="cosine"))
 
 
 def test_step_reports_the_scheduled_lr(tiny: Path) -> None:
@@ -358,7 +353,7 @@ def test_one_step_of_the_real_model() -> None:
     if not (folder / "model.safetensors").is_file():
         pytest.skip(f"the embedded model is not prepared at {folder} (conveyor models prepare)")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    e = TorchTrainingEngine(folder, TrainerSettings(lr=1e-5, device="cpu"))
+    e = TorchTrainingEngine(folder, TrainerConfig(lr=1e-5, device="cpu", micro_batch_tokens=8192))
     samples = []
     for question, answer in [("What is 2 + 3?", "2 + 3 = 5."), ("Name a colour.", "Blue.")]:
         prompt = tokenizer.apply_chat_template(

@@ -17,8 +17,9 @@ import pytest
 import torch
 from tiny_llama import random_batch, save_tiny_llama
 
+from conveyor.config import TrainerConfig
 from conveyor.trainer.batching import assign_to_ranks, plan_micro_batches
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
+from conveyor.trainer.engine import TorchTrainingEngine
 
 WORLD = 2
 SETTINGS: dict[str, Any] = {"lr": 1e-3, "micro_batch_tokens": 30, "device": "cpu", "seed": 0}
@@ -39,11 +40,11 @@ def worker(rank: int, port: int, folder: Path, out: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        engine = TorchTrainingEngine(folder, TrainerSettings(fsdp=True, **SETTINGS))
+        engine = TorchTrainingEngine(folder, TrainerConfig(fsdp=True, **SETTINGS))
         result = engine.step(random_batch(n=7, seed=22))
         weights = {name: t.clone() for name, t in engine.export_weights()}
         saved = save_checkpoint(out / "run", 1, engine, extra={"rank_agnostic": True})
-        fresh = TorchTrainingEngine(folder, TrainerSettings(fsdp=True, **SETTINGS))
+        fresh = TorchTrainingEngine(folder, TrainerConfig(fsdp=True, **SETTINGS))
         extra = load_checkpoint(saved, fresh)
         reloaded = {name: t.clone() for name, t in fresh.export_weights()}
         torch.save(
@@ -71,7 +72,7 @@ def test_two_rank_fsdp_step_equals_a_single_process_step(tmp_path: Path) -> None
     ranks = assign_to_ranks(plan, WORLD)
     assert len(ranks[0]) != len(ranks[1])  # the test covers the empty padding pass
 
-    single = TorchTrainingEngine(folder, TrainerSettings(**SETTINGS))
+    single = TorchTrainingEngine(folder, TrainerConfig(**SETTINGS))
     expected = single.step(batch)
     reference = dict(single.export_weights())
 

@@ -19,23 +19,23 @@ from typing import Any
 
 import pytest
 
+from conveyor.app.compose import Composition
 from conveyor.config import load_config
 from conveyor.trainer.loop import TaskStream
-from conveyor.trainer.run import family_tasks
 
 pytestmark = pytest.mark.slow
 
 CONFIG = "configs/quickstart.yaml"
 TINY = [
-    "train.eval_tasks=0",
-    "train.sft_steps=0",
-    "train.export_final=false",
+    "rl.eval_tasks=0",
+    "rl.sft_steps=0",
+    "rl.export_final=false",
     "tasks.num_tasks=8",
-    "train.tasks_per_step=2",
+    "rl.tasks_per_step=2",
     "tasks.group_size=2",
     "agent.max_turns=2",
     "agent.max_completion_tokens=32",
-    "train.checkpoint_every=1",
+    "rl.checkpoint_every=1",
 ]
 ROLLOUTS_PER_STEP = 2 * 2
 
@@ -61,7 +61,7 @@ def expected_tasks(steps: int) -> dict[int, list[str]]:
     """The tasks of each step as an uninterrupted run draws them."""
     config = load_config(CONFIG, TINY).config
     stream = TaskStream(
-        family_tasks(config, config.tasks.num_tasks, "train"), config.tasks.task_seed
+        Composition(config).tasks(config.tasks.num_tasks, "train"), config.tasks.task_seed
     )
     return {step: [t.id for t in stream.take(2)] for step in range(1, steps + 1)}
 
@@ -78,8 +78,8 @@ def tasks_by_step(rows: list[dict[str, Any]]) -> dict[int, list[str]]:
 # sync: two steps, killed in step 2. async: three steps, killed in step 2's update while step 3's
 # rollouts are already generating, so two steps begun after the checkpoint are re-run.
 SHAPES = {
-    "sync": ["train.steps=2", "train.mode=sync"],
-    "async": ["train.steps=3", "train.mode=async"],
+    "sync": ["rl.steps=2", "rl.mode=sync"],
+    "async": ["rl.steps=3", "rl.mode=async"],
 }
 # (mode, point, step 2's trajectories on disk at the kill, steps begun after checkpoint 1)
 CASES = [

@@ -8,6 +8,7 @@ from typing import get_args
 import pytest
 import torch
 
+from conveyor.config import LossConfig
 from conveyor.trainer.losses import Reduction, kl_penalty, policy_loss, sequence_logprobs
 
 LN2 = math.log(2.0)
@@ -37,7 +38,7 @@ def test_ppo_clip_both_sides_and_dual_clip() -> None:
     mask = ones(1, 5)
 
     lp = log(1.5, 0.5, 0.5, 1.5, 4.0)
-    loss, metrics = policy_loss(lp, zeros(1, 5), advantages, mask, dual_clip_c=None)
+    loss, metrics = policy_loss(lp, zeros(1, 5), advantages, mask, LossConfig(dual_clip_c=None))
     assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8 + 1.5 + 4.0) / 5)
     loss.backward()
     assert lp.grad is not None
@@ -47,7 +48,7 @@ def test_ppo_clip_both_sides_and_dual_clip() -> None:
     assert metrics["ratio_mean"] == pytest.approx((1.5 + 0.5 + 0.5 + 1.5 + 4.0) / 5)
 
     lp = log(1.5, 0.5, 0.5, 1.5, 4.0)
-    loss, metrics = policy_loss(lp, zeros(1, 5), advantages, mask, dual_clip_c=3.0)
+    loss, metrics = policy_loss(lp, zeros(1, 5), advantages, mask, LossConfig(dual_clip_c=3.0))
     assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8 + 1.5 + 3.0) / 5)
     loss.backward()
     assert lp.grad is not None
@@ -62,7 +63,9 @@ def test_asymmetric_clip_higher() -> None:
     advantages = torch.tensor([1.0, -1.0], dtype=torch.float64).reshape(1, 2)
     loss, _ = policy_loss(lp, zeros(1, 2), advantages, ones(1, 2))
     assert loss.item() == pytest.approx((-1.2 + 0.8) / 2)
-    loss, _ = policy_loss(lp, zeros(1, 2), advantages, ones(1, 2), clip_low=0.3, clip_high=0.28)
+    loss, _ = policy_loss(
+        lp, zeros(1, 2), advantages, ones(1, 2), LossConfig(clip_low=0.3, clip_high=0.28)
+    )
     assert loss.item() == pytest.approx((-1.25 + 0.75) / 2)
 
 
@@ -80,7 +83,11 @@ def test_reductions(reduction: Reduction, norm_len: int | None, expected: float)
     advantages = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     loss, _ = policy_loss(
-        zeros(2, 3), zeros(2, 3), advantages, mask, reduction=reduction, norm_len=norm_len
+        zeros(2, 3),
+        zeros(2, 3),
+        advantages,
+        mask,
+        LossConfig(reduction=reduction, norm_len=norm_len),
     )
     assert loss.item() == pytest.approx(expected)
 
@@ -90,19 +97,23 @@ def test_reductions_with_an_empty_sequence() -> None:
     advantages = torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64)  # per-sequence [B]
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     args = (zeros(3, 3), zeros(3, 3), advantages, mask)
-    assert policy_loss(*args, reduction="token_mean")[0].item() == pytest.approx(-(1 + 1 + 4) / 3)
-    assert policy_loss(*args, reduction="seq_mean_token_mean")[0].item() == pytest.approx(
-        -(1 + 4) / 2
+    assert policy_loss(*args, LossConfig(reduction="token_mean"))[0].item() == pytest.approx(
+        -(1 + 1 + 4) / 3
     )
-    assert policy_loss(*args, reduction="seq_mean_token_sum_norm")[0].item() == pytest.approx(
-        -(2 / 3 + 4 / 3 + 0) / 3
-    )
+    assert policy_loss(*args, LossConfig(reduction="seq_mean_token_mean"))[
+        0
+    ].item() == pytest.approx(-(1 + 4) / 2)
+    assert policy_loss(*args, LossConfig(reduction="seq_mean_token_sum_norm"))[
+        0
+    ].item() == pytest.approx(-(2 / 3 + 4 / 3 + 0) / 3)
 
 
 def test_fully_masked_batch_gives_zero_loss_and_zero_grad() -> None:
     lp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     for reduction in get_args(Reduction):
-        loss, metrics = policy_loss(lp, zeros(2, 3), ones(2), zeros(2, 3), reduction=reduction)
+        loss, metrics = policy_loss(
+            lp, zeros(2, 3), ones(2), zeros(2, 3), LossConfig(reduction=reduction)
+        )
         assert loss.item() == 0.0 and metrics["ratio_mean"] == 0.0
         (grad,) = torch.autograd.grad(loss, lp)
         assert torch.equal(grad, torch.zeros(2, 3, dtype=torch.float64))
@@ -115,14 +126,16 @@ def test_truncated_importance_sampling_cap() -> None:
     behaviour = old - torch.tensor([[math.log(3.0), -LN2]], dtype=torch.float64)
     lp = old.clone().requires_grad_(True)
     loss, metrics = policy_loss(
-        lp, old, ones(1), ones(1, 2), behaviour_logprobs=behaviour, tis_cap=2.0
+        lp, old, ones(1), ones(1, 2), LossConfig(tis_cap=2.0), behaviour_logprobs=behaviour
     )
     assert loss.item() == pytest.approx(-1.25)
     assert metrics["tis_weight_mean"] == pytest.approx(1.25)
     (grad,) = torch.autograd.grad(loss, lp)
     assert grad[0].tolist() == pytest.approx([-1.0, -0.25])
     # no cap: weights 3 and 0.5
-    loss, metrics = policy_loss(lp, old, ones(1), ones(1, 2), behaviour_logprobs=behaviour)
+    loss, metrics = policy_loss(
+        lp, old, ones(1), ones(1, 2), LossConfig(tis_cap=None), behaviour_logprobs=behaviour
+    )
     assert loss.item() == pytest.approx(-(3.0 + 0.5) / 2)
     assert metrics["tis_weight_mean"] == pytest.approx(1.75)
 
@@ -145,14 +158,19 @@ def test_kl_penalty_added_per_token_before_reduction() -> None:
     lp = torch.tensor([[math.log(0.5), math.log(0.25)]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[math.log(0.25), math.log(0.5)]], dtype=torch.float64)
     loss, metrics = policy_loss(
-        lp, lp.detach(), zeros(1), ones(1, 2), ref_logprobs=ref, kl_coef=0.1
+        lp, lp.detach(), zeros(1), ones(1, 2), LossConfig(kl_coef=0.1), ref_logprobs=ref
     )
     assert loss.item() == pytest.approx(0.025)
     assert metrics["kl"] == pytest.approx(0.25)
     (grad,) = torch.autograd.grad(loss, lp)
     assert grad[0].tolist() == pytest.approx([0.5 * 0.05, -1.0 * 0.05])
     loss, _ = policy_loss(
-        lp, lp.detach(), zeros(1), ones(1, 2), ref_logprobs=ref, kl_coef=0.1, kl_estimator="k2"
+        lp,
+        lp.detach(),
+        zeros(1),
+        ones(1, 2),
+        LossConfig(kl_coef=0.1, kl_estimator="k2"),
+        ref_logprobs=ref,
     )
     assert loss.item() == pytest.approx(0.1 * LN2**2 / 2)
 
@@ -188,13 +206,9 @@ def test_masked_tokens_get_exactly_zero_gradient(reduction: Reduction) -> None:
         old,
         advantages,
         mask.long(),
-        clip_low=0.1,
-        clip_high=0.1,
-        reduction=reduction,
+        LossConfig(clip_low=0.1, clip_high=0.1, reduction=reduction, tis_cap=2.0, kl_coef=0.05),
         behaviour_logprobs=behaviour,
-        tis_cap=2.0,
         ref_logprobs=ref,
-        kl_coef=0.05,
     )
     assert torch.isfinite(loss)
     assert all(math.isfinite(v) for v in metrics.values())
@@ -232,10 +246,12 @@ def test_invalid_arguments_fail_loud() -> None:
     with pytest.raises(ValueError, match="old_logprobs"):
         policy_loss(x, zeros(2, 2), zeros(2), ones(2, 3))
     with pytest.raises(ValueError, match="dual_clip_c"):
-        policy_loss(x, x, zeros(2), ones(2, 3), dual_clip_c=1.0)
+        policy_loss(x, x, zeros(2), ones(2, 3), LossConfig(dual_clip_c=1.0))
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(x, x, zeros(2), ones(2, 3), kl_coef=0.1)
-    with pytest.raises(ValueError, match="unknown reduction"):
-        policy_loss(x, x, zeros(2), ones(2, 3), reduction="sum")  # type: ignore[arg-type]
+        policy_loss(x, x, zeros(2), ones(2, 3), LossConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match="reduction"):  # the settings refuse it
+        policy_loss(x, x, zeros(2), ones(2, 3), LossConfig(reduction="sum"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="norm_len"):
-        policy_loss(x, x, zeros(2), ones(2, 3), reduction="seq_mean_token_sum_norm", norm_len=0)
+        policy_loss(
+            x, x, zeros(2), ones(2, 3), LossConfig(reduction="seq_mean_token_sum_norm", norm_len=0)
+        )

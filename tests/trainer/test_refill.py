@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tiny_llama import LowHalfStages, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, DispatchConfig, TasksConfig, TrainConfig, TrainerConfig
+from conveyor.config import ConveyorConfig, DispatchConfig, RLConfig, TasksConfig, TrainerConfig
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.base import RuntimeFailure
@@ -23,7 +23,7 @@ from conveyor.trainer.advantages import get_advantage
 from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.jsonl import read_records
-from conveyor.trainer.loop import RLLoop, trainer_settings
+from conveyor.trainer.loop import RLLoop
 from conveyor.trainer.refill import refill
 from conveyor.types import Status, Task, Trajectory, TrajectoryGroup
 
@@ -70,12 +70,12 @@ def run_one_step(
     tiny: Path, run_dir: Path, **train: Any
 ) -> tuple[dict[str, float], TrainBatch, FlakyInitStages]:
     config = ConveyorConfig(
-        train=TrainConfig(steps=1, tasks_per_step=len(TASKS), checkpoint_every=0, **train),
+        rl=RLConfig(steps=1, tasks_per_step=len(TASKS), checkpoint_every=0, **train),
         tasks=TasksConfig(group_size=GROUP),
         dispatch=DispatchConfig(max_infra_retries=RETRIES),
-        trainer=TrainerConfig(lr=1e-3, train_device="cpu", micro_batch_tokens=512),
+        trainer=TrainerConfig(lr=1e-3, device="cpu", micro_batch_tokens=512),
     )
-    backend = TorchTrainingEngine(tiny, trainer_settings(config))
+    backend = TorchTrainingEngine(tiny, config.trainer)
     engine = HFEngine(tiny, eos_token_id=-1)
     stages = FlakyInitStages(engine)
     run_dir.mkdir()

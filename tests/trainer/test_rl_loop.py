@@ -17,11 +17,11 @@ import pytest
 import torch
 from tiny_llama import LowHalfStages, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
+from conveyor.config import ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
 from conveyor.engines.hf_local import HFEngine
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
-from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
+from conveyor.trainer.loop import RLLoop, StepRecord
 from conveyor.trainer.resume import prepare_resume
 from conveyor.types import Task
 
@@ -53,7 +53,7 @@ def make_loop(
     tensorboard: bool = False,
 ) -> tuple[RLLoop, TorchTrainingEngine, HFEngine]:
     config = ConveyorConfig(
-        train=TrainConfig(
+        rl=RLConfig(
             steps=steps,
             tasks_per_step=4,
             mode=mode,  # type: ignore[arg-type]
@@ -62,9 +62,9 @@ def make_loop(
             tensorboard=tensorboard,
         ),
         tasks=TasksConfig(group_size=8),
-        trainer=TrainerConfig(lr=lr, train_device="cpu", micro_batch_tokens=512),
+        trainer=TrainerConfig(lr=lr, device="cpu", micro_batch_tokens=512),
     )
-    backend = TorchTrainingEngine(tiny, trainer_settings(config))
+    backend = TorchTrainingEngine(tiny, config.trainer)
     engine = HFEngine(tiny, eos_token_id=-1)
     loop = RLLoop(config, PerVersionStages(engine), backend, engine.update_weights, TASKS, run_dir)
     return loop, backend, engine

@@ -16,15 +16,15 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "train.steps=1",
-    "train.eval_tasks=2",
-    "train.sft_steps=1",
-    "train.sft_tasks=2",
-    "train.sft_batch_size=2",
+    "rl.steps=1",
+    "rl.eval_tasks=2",
+    "rl.sft_steps=1",
+    "rl.sft_tasks=2",
+    "rl.sft_batch_size=2",
     "tasks.num_tasks=4",
-    "train.tasks_per_step=2",
+    "rl.tasks_per_step=2",
     "tasks.group_size=2",
-    "train.checkpoint_every=1",
+    "rl.checkpoint_every=1",
 ]
 
 

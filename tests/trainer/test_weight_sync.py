@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from tiny_llama import VOCAB, LowHalfStages, random_batch, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, TasksConfig, TrainConfig, TrainerConfig
+from conveyor.config import ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
 from conveyor.engines.base import SampleRequest, WeightFingerprint
 from conveyor.engines.hf_local import HFEngine
 from conveyor.engines.simulated import SimulatedEngine
 from conveyor.trainer.backend import FingerprintedBackend, TrainBatch
 from conveyor.trainer.checkpoint import latest_checkpoint
-from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
-from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
+from conveyor.trainer.engine import TorchTrainingEngine
+from conveyor.trainer.loop import RLLoop, StepRecord
 from conveyor.trainer.weight_sync import (
     WeightSyncError,
     check_fingerprint,
@@ -75,7 +75,7 @@ def test_probe_tolerance_follows_the_engine_dtype_unless_given() -> None:
 
 def test_an_engine_without_a_fingerprint_is_refused_at_start(tmp_path: Path) -> None:
     tiny = save_tiny_llama(tmp_path)
-    backend = TorchTrainingEngine(tiny, TrainerSettings(device="cpu"))
+    backend = TorchTrainingEngine(tiny, TrainerConfig(device="cpu"))
     assert isinstance(backend, FingerprintedBackend)
     with pytest.raises(WeightSyncError, match="SimulatedEngine cannot report"):
         checked_sync(SimulatedEngine(eos_token_id=0), backend, PROBE)
@@ -86,7 +86,7 @@ def test_checked_sync_on_hf_engine_passes_then_catches_a_load_patched_to_a_noop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lora: bool
 ) -> None:
     tiny = save_tiny_llama(tmp_path)
-    settings = TrainerSettings(lr=1e-3, device="cpu", lora={"enabled": lora, "r": 4})
+    settings = TrainerConfig(lr=1e-3, device="cpu", lora={"enabled": lora, "r": 4})
     backend = TorchTrainingEngine(tiny, settings)
     engine = HFEngine(tiny, eos_token_id=-1)
     sync = checked_sync(engine, backend, PROBE)
@@ -113,11 +113,11 @@ def test_the_rl_loop_stops_at_a_sync_whose_load_is_patched_to_a_noop_and_never_t
 ) -> None:
     tiny = save_tiny_llama(tmp_path / "model")
     config = ConveyorConfig(
-        train=TrainConfig(steps=4, tasks_per_step=2, mode=mode, checkpoint_every=1),  # type: ignore[arg-type]
+        rl=RLConfig(steps=4, tasks_per_step=2, mode=mode, checkpoint_every=1),  # type: ignore[arg-type]
         tasks=TasksConfig(group_size=4),
-        trainer=TrainerConfig(lr=1e-2, train_device="cpu", micro_batch_tokens=256),
+        trainer=TrainerConfig(lr=1e-2, device="cpu", micro_batch_tokens=256),
     )
-    backend = TorchTrainingEngine(tiny, trainer_settings(config))
+    backend = TorchTrainingEngine(tiny, config.trainer)
     engine = HFEngine(tiny, eos_token_id=-1)
     tasks = [Task(id=f"low-{k}", family="low", prompt=[], data={"k": 10 + k}) for k in range(4)]
     run_dir = tmp_path / "run"
@@ -190,7 +190,7 @@ def test_vllm_checked_sync_passes_after_a_real_step_and_catches_a_load_patched_t
     lora: bool,
     lr: float,
 ) -> None:
-    settings = TrainerSettings(lr=lr, device="cpu", lora={"enabled": lora})
+    settings = TrainerConfig(lr=lr, device="cpu", lora={"enabled": lora})
     backend = TorchTrainingEngine(model_dir, settings)
     probe = probe_ids(tokenizer)
     sync = checked_sync(vllm_engine, backend, probe)
@@ -224,7 +224,7 @@ def test_the_probe_tolerance_reaches_the_check_a_loose_one_lets_a_lora_skip_pass
     # the documented blind spot, on purpose: LoRA moves no digested tensor, so with a probe
     # tolerance wider than the step moved the probe, a load patched to a no-op goes unseen
     tiny = save_tiny_llama(tmp_path)
-    settings = TrainerSettings(lr=1e-3, device="cpu", lora={"enabled": True, "r": 4})
+    settings = TrainerConfig(lr=1e-3, device="cpu", lora={"enabled": True, "r": 4})
     backend = TorchTrainingEngine(tiny, settings)
     engine = HFEngine(tiny, eos_token_id=-1)
     backend.step(random_batch(vocab=VOCAB))

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from conveyor.app.reports import wilson_interval as wilson
 from conveyor.types import Status, Trajectory
 from conveyor.view.build import compare_tasks, page_data, tokenizer_decoder
 from conveyor.view.data import RunFolderError, family_of, read_run
 from conveyor.view.select import shown_trajectories
-from conveyor.view.stats import pass_at_ks, summarize_source, wilson
+from conveyor.view.stats import pass_at_ks, summarize_source
 
 from .conftest import as_record, chosen_outcome_trajectory, write_jsonl
 

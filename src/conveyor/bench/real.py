@@ -64,17 +64,17 @@ async def _measure(
 
 async def run_real(config: ConveyorConfig, strategies: Sequence[str]) -> dict[str, Any]:
     """Run every strategy once on the same tasks and engine; returns the report."""
+    from conveyor.app.compose import Composition
     from conveyor.dispatch.config import DispatchSettings
     from conveyor.dispatch.factory import make_dispatcher
     from conveyor.engines.factory import build_engine, load_tokenizer
-    from conveyor.eval import build_tasks
     from conveyor.models import resolve_model_path
     from conveyor.rollout import AgentStages
 
     model_dir = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_dir)
     engine: Any = build_engine(config, model_dir)
-    tasks = build_tasks(config)
+    tasks = Composition(config).tasks()
     k = config.tasks.group_size
     report: dict[str, Any] = {
         "workload": "real",

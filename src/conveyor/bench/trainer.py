@@ -197,9 +197,10 @@ def _build(side: str, spec: TrainerBenchSpec) -> tuple[Any, dict[str, Any]]:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
     if side == "engine":
-        from conveyor.trainer.engine import TorchTrainingEngine, TrainerSettings
+        from conveyor.config import TrainerConfig
+        from conveyor.trainer.engine import TorchTrainingEngine
 
-        settings = TrainerSettings(
+        settings = TrainerConfig(
             lr=1e-6, micro_batch_tokens=spec.micro_batch_tokens, device=device, seed=spec.seed
         )
         engine = TorchTrainingEngine(spec.model_dir, settings)

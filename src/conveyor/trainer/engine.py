@@ -38,20 +38,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from conveyor.config.training import LoraConfig, TrainerConfig
 from conveyor.engines.base import WeightFingerprint, tensor_digest
 from conveyor.trainer import checkpoint
 from conveyor.trainer.backend import StepResult, TrainBatch
 from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
 from conveyor.trainer.fsdp import all_reduce_floats, full_tensor, shard_model, world
 from conveyor.trainer.losses import policy_loss
-from conveyor.trainer.settings import LoraSettings, LossSettings, TrainerSettings
 from conveyor.types import TrainingSample
 
 __all__ = [
-    "LoraSettings",
-    "LossSettings",
     "TorchTrainingEngine",
-    "TrainerSettings",
     "kept_token_logprobs",
     "lr_factor",
     "token_logprobs",
@@ -60,7 +57,7 @@ __all__ = [
 _LOSS_METRICS = ("clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean")
 
 
-def lr_factor(step: int, settings: TrainerSettings) -> float:
+def lr_factor(step: int, settings: TrainerConfig, total_steps: int | None = None) -> float:
     """The multiplier of the peak LR at update `step` (0-based).
 
     Linear warm-up `(step + 1) / warmup_steps`, then constant, or a cosine or linear decay from
@@ -68,9 +65,11 @@ def lr_factor(step: int, settings: TrainerSettings) -> float:
     """
     if step < settings.warmup_steps:
         return (step + 1) / settings.warmup_steps
-    if settings.schedule == "constant" or settings.total_steps is None:
+    if settings.schedule == "constant":
         return 1.0
-    span = max(settings.total_steps - settings.warmup_steps, 1)
+    if total_steps is None:
+        raise ValueError(f"schedule {settings.schedule!r} needs total_steps")
+    span = max(total_steps - settings.warmup_steps, 1)
     progress = min(max((step - settings.warmup_steps) / span, 0.0), 1.0)
     if settings.schedule == "cosine":
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -122,12 +121,27 @@ class TorchTrainingEngine:
 
     The model loads in float32 (AdamW's master weights); `settings.seed` seeds torch's global
     RNG before LoRA initialisation. Under `fsdp`, call every method on every rank.
+    `temperature` divides the logits (the sampling temperature, so logprobs match the engine's);
+    `total_steps` is the length of a decaying schedule (required unless it is constant).
     """
 
-    def __init__(self, model_dir: Path | str, settings: TrainerSettings | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path | str,
+        settings: TrainerConfig | None = None,
+        *,
+        temperature: float = 1.0,
+        total_steps: int | None = None,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.settings = settings = settings or TrainerSettings()
+        self.settings = settings = settings or TrainerConfig()
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        if settings.schedule != "constant" and total_steps is None:
+            raise ValueError(f"schedule {settings.schedule!r} needs total_steps")
+        self.temperature = temperature
+        self.total_steps = total_steps
         self.device = resolve_device(settings.device)
         self._autocast_dtype = _autocast_dtype(settings, self.device)
         torch.manual_seed(settings.seed)
@@ -150,12 +164,12 @@ class TorchTrainingEngine:
         self.optimizer = torch.optim.AdamW(
             self._params,
             lr=settings.lr,
-            betas=settings.betas,
+            betas=(settings.betas[0], settings.betas[1]),
             eps=settings.eps,
             weight_decay=settings.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(step, settings)
+            self.optimizer, lambda step: lr_factor(step, settings, total_steps)
         )
         self._version = 0
 
@@ -181,6 +195,8 @@ class TorchTrainingEngine:
         }
         loss_settings = self.settings.loss
         norm_len = loss_settings.norm_len or max(lengths)
+        # The divisor is fixed for the whole batch, so micro-batching does not change the loss.
+        batch_loss = loss_settings.model_copy(update={"norm_len": norm_len})
         # A sample with advantage 0 and no KL term has exactly zero gradient (every policy-loss
         # term is a multiple of its advantage): it counts in the denominators above but is not
         # forwarded. With GRPO that skips every group whose rewards are all equal.
@@ -209,16 +225,9 @@ class TorchTrainingEngine:
                 old,
                 tensors.advantages,
                 tensors.loss_mask,
-                clip_low=loss_settings.clip_low,
-                clip_high=loss_settings.clip_high,
-                dual_clip_c=loss_settings.dual_clip_c,
-                reduction=loss_settings.reduction,
-                norm_len=norm_len,
+                batch_loss,
                 behaviour_logprobs=tensors.behaviour if loss_settings.tis else None,
-                tis_cap=loss_settings.tis_cap,
                 ref_logprobs=tensors.ref,
-                kl_coef=loss_settings.kl_coef,
-                kl_estimator=loss_settings.kl_estimator,
             )
             weight = (
                 _micro_weight(loss_settings.reduction, micro, counts)
@@ -417,7 +426,7 @@ class TorchTrainingEngine:
         keep: int | Tensor = 0 if targets is None else (targets - 1 if targets.numel() else 1)
         with autocast:
             logits = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
-        temperature = self.settings.temperature
+        temperature = self.temperature
         if targets is None:
             return token_logprobs(logits, input_ids, temperature=temperature)
         if targets.numel() == 0:
@@ -498,7 +507,7 @@ def _micro_weight(reduction: str, micro: MicroBatch, counts: Sequence[int]) -> f
     return float(len(micro.indices))
 
 
-def _autocast_dtype(settings: TrainerSettings, device: torch.device) -> torch.dtype | None:
+def _autocast_dtype(settings: TrainerConfig, device: torch.device) -> torch.dtype | None:
     if settings.dtype == "float32":
         return None
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -508,10 +517,11 @@ def _autocast_dtype(settings: TrainerSettings, device: torch.device) -> torch.dt
     return torch.bfloat16
 
 
-def _add_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
+def _add_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
-    config = LoraConfig(
+    config = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft only divides by r
         lora_dropout=lora.dropout,

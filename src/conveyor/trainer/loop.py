@@ -9,7 +9,7 @@ Modes:
 - `async`: the rollouts of step k+1 are generated while step k trains; the engine takes the new
   weights between its own steps, so a trajectory may mix two policy versions. Staleness of a
   trajectory = the policy version being trained minus the oldest version among its turns; samples
-  staler than `train.max_staleness` are dropped and counted, never trained.
+  staler than `rl.max_staleness` are dropped and counted, never trained.
 
 Every step appends one line to `metrics.jsonl` and its trajectories (with a `step` field) to
 `rollouts.jsonl`; `progress.jsonl` records each step's tasks when its rollouts start.
@@ -17,7 +17,7 @@ Checkpoints carry the data cursor and step, so `--resume` continues with the nex
 neither repeats nor skips one (`conveyor.trainer.resume` says what is re-run).
 
 Groups still short of samples after the dispatcher's infra retries are refilled
-(`train.incomplete_group: refill`, see `conveyor.trainer.refill`) or left to the status policy.
+(`rl.incomplete_group: refill`, see `conveyor.trainer.refill`) or left to the status policy.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def staleness(sample: TrainingSample, version: int) -> int:
 
 
 class RLLoop:
-    """Drives rollouts and updates for `config.train.steps` steps."""
+    """Drives rollouts and updates for `config.rl.steps` steps."""
 
     def __init__(
         self,
@@ -118,7 +118,7 @@ class RLLoop:
         on_step: Callable[[StepRecord], None] | None = None,
     ) -> None:
         self.config = config
-        self.train = config.train
+        self.rl = config.rl
         self.stages = stages
         self.backend = backend
         self.sync_weights = sync_weights
@@ -129,18 +129,18 @@ class RLLoop:
         self.step = 0
         # Counters of the resume that set `step` (`resume/*`), logged with the first step.
         self.resume_metrics: dict[str, float] = {}
-        incomplete = self.train.incomplete_group
+        incomplete = self.rl.incomplete_group
         self.policy = StatusPolicy(
-            truncated=self.train.truncated,
+            truncated=self.rl.truncated,
             # What refilling leaves short falls to the fallback rule.
-            incomplete_group=self.train.refill_fallback if incomplete == "refill" else incomplete,
-            min_partial_size=self.train.min_partial_size,
-            filter_zero_variance_groups=self.train.filter_zero_variance_groups,
+            incomplete_group=self.rl.refill_fallback if incomplete == "refill" else incomplete,
+            min_partial_size=self.rl.min_partial_size,
+            filter_zero_variance_groups=self.rl.filter_zero_variance_groups,
         )
         options: dict[str, float | bool] = {}
-        if self.train.advantage == "grpo":
-            options["scale_by_std"] = self.train.scale_by_std
-        self.estimator = get_advantage(self.train.advantage, **options)
+        if self.rl.advantage == "grpo":
+            options["scale_by_std"] = self.rl.scale_by_std
+        self.estimator = get_advantage(self.rl.advantage, **options)
 
     # -- rollouts -----------------------------------------------------------------------------
     async def collect(self, tasks: Sequence[Task], step: int) -> Collected:
@@ -155,13 +155,13 @@ class RLLoop:
             groups.append(group)
             kill_point("rollouts", step)
         report = RefillReport()
-        if self.train.incomplete_group == "refill" and self.train.max_refills:
+        if self.rl.incomplete_group == "refill" and self.rl.max_refills:
             groups, report = await refill(
                 groups,
                 tasks,
                 self.stages,
                 lambda stages: make_dispatcher(settings, stages, engine=self.engine_probe),
-                max_rounds=self.train.max_refills,
+                max_rounds=self.rl.max_refills,
                 attempts_per_round=settings.max_infra_retries + 1,
                 on_batch=lambda batch: self._record_begun(step, batch, "refill", len(batch)),
             )
@@ -193,7 +193,7 @@ class RLLoop:
         advantages = self.estimator(group_rewards(selection.groups)) if selection.groups else []
         items = assign_to_samples(selection.groups, advantages, selection.trainable)
         version = self.backend.policy_version
-        fresh = [(s, a) for s, a in items if staleness(s, version) <= self.train.max_staleness]
+        fresh = [(s, a) for s, a in items if staleness(s, version) <= self.rl.max_staleness]
         stale = [staleness(s, version) for s, _ in items]
         metrics: dict[str, float] = {
             **{k: float(v) for k, v in selection.metrics().items()},
@@ -252,29 +252,29 @@ class RLLoop:
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> list[StepRecord]:
-        """Steps from `self.step` to `train.steps`; returns their records."""
+        """Steps from `self.step` to `rl.steps`; returns their records."""
         from conveyor.trainer.checkpoint import save_checkpoint
         from conveyor.trainer.tracking import Tracker
 
-        tracker = Tracker(self.run_dir, tensorboard=self.train.tensorboard, wandb=self.train.wandb)
+        tracker = Tracker(self.run_dir, tensorboard=self.rl.tensorboard, wandb=self.rl.wandb)
         records: list[StepRecord] = []
         pending: asyncio.Task[Collected] | None = None
         pending_after = 0
         try:
-            while self.step < self.train.steps:
+            while self.step < self.rl.steps:
                 started = time.monotonic()
                 step = self.step + 1
                 if pending is None:
-                    tasks = self.stream.take(self.train.tasks_per_step)
+                    tasks = self.stream.take(self.rl.tasks_per_step)
                     after = self.stream.cursor
                     collected = await self.collect(tasks, step)
                 else:
                     collected = await pending
                     after = pending_after
                     pending = None
-                if self.train.mode == "async" and step < self.train.steps:
+                if self.rl.mode == "async" and step < self.rl.steps:
                     # Generation of the next step overlaps this update.
-                    next_tasks = self.stream.take(self.train.tasks_per_step)
+                    next_tasks = self.stream.take(self.rl.tasks_per_step)
                     pending_after = self.stream.cursor
                     pending = asyncio.create_task(self.collect(next_tasks, step + 1))
                 groups = collected.groups
@@ -293,8 +293,8 @@ class RLLoop:
                 tracker.log(self.step, metrics)
                 if self.on_step is not None:
                     self.on_step(record)
-                every = self.train.checkpoint_every
-                if every and (self.step % every == 0 or self.step == self.train.steps):
+                every = self.rl.checkpoint_every
+                if every and (self.step % every == 0 or self.step == self.rl.steps):
                     # A resumed run continues right after this step's tasks; in async mode
                     # the next step's tasks, already taken, are generated again.
                     save_checkpoint(
@@ -302,7 +302,7 @@ class RLLoop:
                         self.step,
                         self.backend,
                         {"step": self.step, "cursor": after},
-                        keep_last=self.train.keep_checkpoints,
+                        keep_last=self.rl.keep_checkpoints,
                     )
         finally:
             tracker.close()
@@ -315,40 +315,3 @@ class RLLoop:
         """Continue after a checkpoint: its step and data cursor."""
         self.step = int(extra["step"])
         self.stream.cursor = int(extra["cursor"])
-
-
-def trainer_settings(config: ConveyorConfig, *, lr: float | None = None) -> Any:
-    """The `TrainerSettings` of the built-in engine that a run config implies.
-
-    The trainer's logits temperature is the sampling temperature (one key for one setting) and
-    its schedule length is `train.steps`.
-    """
-    from conveyor.trainer.settings import LoraSettings, LossSettings, TrainerSettings
-
-    t = config.trainer
-    return TrainerSettings(
-        lr=t.lr if lr is None else lr,
-        weight_decay=t.weight_decay,
-        betas=(t.adam_betas[0], t.adam_betas[1]),
-        eps=t.adam_eps,
-        warmup_steps=t.warmup_steps,
-        total_steps=max(config.train.steps, 1) if t.lr_schedule != "constant" else None,
-        schedule=t.lr_schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        max_grad_norm=t.max_grad_norm,
-        micro_batch_tokens=t.micro_batch_tokens,
-        temperature=config.sampling.temperature if config.sampling.temperature > 0 else 1.0,
-        loss=LossSettings(**t.loss.model_dump()),
-        lora=LoraSettings(
-            enabled=t.lora.use_lora,
-            r=t.lora.lora_rank,
-            alpha=t.lora.lora_alpha,
-            dropout=t.lora.lora_dropout,
-            target_modules=list(t.lora.lora_target_modules),
-        ),
-        dtype=t.train_dtype,
-        gradient_checkpointing=t.gradient_checkpointing,
-        fsdp=t.fsdp,
-        device=t.train_device,
-        seed=t.train_seed,
-    )

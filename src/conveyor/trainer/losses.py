@@ -9,13 +9,14 @@ in `docs/algorithms.md`.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-Reduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
+from conveyor.config.training import KLEstimatorName as KLEstimator
+from conveyor.config.training import LossConfig
+from conveyor.config.training import LossReduction as Reduction
 
 
 def sequence_logprobs(logits: Tensor, input_ids: Tensor, *, temperature: float = 1.0) -> Tensor:
@@ -61,17 +62,10 @@ def policy_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
+    settings: LossConfig | None = None,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip_c: float | None = 3.0,
-    reduction: Reduction = "token_mean",
-    norm_len: int | None = None,
     behaviour_logprobs: Tensor | None = None,
-    tis_cap: float | None = None,
     ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
 ) -> tuple[Tensor, dict[str, float]]:
     """The clipped policy-gradient loss of a batch, and its diagnostics.
 
@@ -81,20 +75,27 @@ def policy_loss(
         old_logprobs: the same under the parameters that start this update (no grad), [B, T].
         advantages: one per sequence [B] or per token [B, T].
         loss_mask: 1 (or True) for tokens to train on, 0 elsewhere, [B, T].
-        clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
-        dual_clip_c: for negative advantages the per-token loss is capped at `-c * A`
-            (dual-clip PPO); None turns it off. Must be > 1.
-        reduction: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
-        norm_len: the constant divisor of `seq_mean_token_sum_norm`; default T.
+        settings: the loss settings (`trainer.loss` in config; defaults when None):
+            - clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high];
+            - dual_clip_c: for negative advantages the per-token loss is capped at `-c * A`
+              (dual-clip PPO); None turns it off. Must be > 1;
+            - reduction: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`;
+            - norm_len: the constant divisor of `seq_mean_token_sum_norm`; default T;
+            - tis_cap: the cap of the TIS weight below (None: uncapped);
+            - kl_coef, kl_estimator: add `kl_coef * KL_estimate` per token (needs ref_logprobs).
+            `tis` is the caller's switch: it passes `behaviour_logprobs` only when it is on.
         behaviour_logprobs: the engine's logprobs of the tokens; when given, each token's loss
-            is weighted by `min(exp(old - behaviour), tis_cap)` (detached; None means no cap).
-        ref_logprobs, kl_coef, kl_estimator: add `kl_coef * KL_estimate` per token.
+            is weighted by `min(exp(old - behaviour), tis_cap)` (detached).
+        ref_logprobs: the reference model's logprobs, for the KL penalty.
 
     Returns:
         The scalar loss and float metrics: `clip_fraction`, `dual_clip_fraction`, `approx_kl`
         (k3 of old vs current), `ratio_mean`, and `tis_weight_mean` / `kl` when used; all are
         means over masked tokens.
     """
+    settings = settings or LossConfig()
+    clip_low, clip_high, dual_clip_c = settings.clip_low, settings.clip_high, settings.dual_clip_c
+    reduction, norm_len, kl_coef = settings.reduction, settings.norm_len, settings.kl_coef
     shape = logprobs.shape
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got {tuple(shape)}")
@@ -110,14 +111,8 @@ def policy_loss(
         advantages = advantages.unsqueeze(1).expand(shape)
     elif advantages.shape != shape:
         raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] or [B, T]")
-    if dual_clip_c is not None and dual_clip_c <= 1.0:
-        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
     if kl_coef != 0.0 and ref_logprobs is None:
         raise ValueError("kl_coef is set but no ref_logprobs were given")
-    if norm_len is not None and norm_len <= 0:
-        raise ValueError(f"norm_len must be positive, got {norm_len}")
-    if reduction not in get_args(Reduction):
-        raise ValueError(f"unknown reduction {reduction!r}; known: {list(get_args(Reduction))}")
 
     mask = loss_mask.bool()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -144,12 +139,12 @@ def policy_loss(
     metrics: dict[str, float] = {}
     if behaviour_logprobs is not None:
         weight = torch.exp(old - masked(behaviour_logprobs.detach()))
-        if tis_cap is not None:
-            weight = torch.clamp(weight, max=tis_cap)
+        if settings.tis_cap is not None:
+            weight = torch.clamp(weight, max=settings.tis_cap)
         per_token = per_token * weight
         metrics["tis_weight_mean"] = _token_mean(weight, mask)
     if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, masked(ref_logprobs.detach()), kl_estimator)
+        kl = kl_penalty(logprobs, masked(ref_logprobs.detach()), settings.kl_estimator)
         per_token = per_token + kl_coef * kl
         metrics["kl"] = _token_mean(kl, mask)
 

@@ -11,12 +11,11 @@ path around the training-backend protocol is needed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conveyor.agent.parsing import format_tool_call
 from conveyor.engines.base import SampleRequest, SampleResult
-from conveyor.tasks.family import get_family
 from conveyor.types import Task, ToolCall
 
 
@@ -28,14 +27,13 @@ class OracleEngine:
 
     def __init__(
         self,
-        tasks: Sequence[Task],
+        calls: Mapping[str, list[ToolCall]],
         encode: Callable[[str], list[int]],
         eos_token_id: int,
         tool_format: str = "hermes",
     ) -> None:
-        self._calls: dict[str, list[ToolCall]] = {
-            t.id: get_family(t.family).oracle_calls(t) for t in tasks
-        }
+        # task id -> the task family's oracle calls (the command layer asks the families)
+        self._calls: dict[str, list[ToolCall]] = dict(calls)
         self._encode = encode
         self._eos = eos_token_id
         self._format = "xml" if tool_format == "xml" else "hermes"

@@ -26,7 +26,7 @@ class Tracker:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
                 raise RuntimeError(
-                    "train.tensorboard needs the tensorboard package: pip install tensorboard"
+                    "rl.tensorboard needs the tensorboard package: pip install tensorboard"
                 ) from exc
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if wandb:
@@ -34,7 +34,7 @@ class Tracker:
                 import wandb as wandb_module
             except ImportError as exc:
                 raise RuntimeError(
-                    "train.wandb needs the wandb package: pip install wandb"
+                    "rl.wandb needs the wandb package: pip install wandb"
                 ) from exc
             self._wandb = wandb_module.init(
                 dir=str(run_dir),

@@ -2,35 +2,24 @@
 the trajectories themselves so every source of every run is summarized the same way.
 
 Infra errors are counted but never scored (see `conveyor.types.Status`). pass@k is the unbiased
-per-task estimate (`conveyor.eval.pass_at_k`) averaged over tasks; its 95% interval is Wilson's
-with the tasks as the trials, since tasks, not rollouts of one task, are the independent draws.
+per-task estimate (`conveyor.app.reports.pass_at_k`) averaged over tasks; its 95% interval is
+Wilson's with the tasks as the trials, since tasks, not rollouts of one task, are the independent
+draws.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.eval import pass_at_k
-
-_Z95 = 1.959964
-
-
-def wilson(successes: float, trials: int) -> tuple[float, float]:
-    """Wilson score 95% interval of a proportion (fractional successes allowed)."""
-    if trials == 0:
-        return (0.0, 1.0)
-    p = successes / trials
-    denominator = 1 + _Z95**2 / trials
-    centre = (p + _Z95**2 / (2 * trials)) / denominator
-    half = _Z95 * math.sqrt(p * (1 - p) / trials + _Z95**2 / (4 * trials**2)) / denominator
-    return (max(0.0, centre - half), min(1.0, centre + half))
+from conveyor.app.reports import pass_at_k, wilson_interval
+from conveyor.types import is_solved
 
 
 def _passed(record: dict[str, Any]) -> bool:
-    return float(record.get("reward") or 0.0) >= 1.0
+    reward = record.get("reward")
+    return is_solved(float(reward) if reward is not None else None)
 
 
 def _scored(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,7 +30,7 @@ def block(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Counts, statuses, pass@1 with its interval and means of a set of trajectories."""
     scored = _scored(records)
     wins = sum(1 for r in scored if _passed(r))
-    low, high = wilson(wins, len(scored))
+    low, high = wilson_interval(wins, len(scored))
     rewards = [float(r.get("reward") or 0.0) for r in scored]
     return {
         "rollouts": len(records),
@@ -70,7 +59,7 @@ def pass_at_ks(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if len(group) >= k
         ]
         mean = sum(values) / len(values)
-        low, high = wilson(mean * len(values), len(values))
+        low, high = wilson_interval(mean * len(values), len(values))
         rows.append({"k": k, "value": mean, "ci": [low, high], "tasks": len(values)})
     return rows
 

@@ -3,7 +3,7 @@
 Order: start the engine -> evaluate the base model on the held-out split (`eval_before.json`)
 -> optional supervised warm start on oracle traces (`sft_model/`, `eval_after_sft.json`) -> RL
 steps (`metrics.jsonl`, checkpoints) -> evaluate again (`eval_after.json`) -> export the final
-model (`final_model/`) and plots. Evaluations use `train.eval_temperature` (0 = greedy) and one
+model (`final_model/`) and plots. Evaluations use `rl.eval_temperature` (0 = greedy) and one
 sample per held-out instance. `--resume RUN_DIR` skips what is already on disk and continues from
 the newest checkpoint.
 """
@@ -13,73 +13,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.config import (
-    ConfigError,
-    ConveyorConfig,
-    ResolvedConfig,
-    SamplingConfig,
-    config_to_yaml,
-)
+from conveyor.app.compose import Composition, make_run_dir
+from conveyor.app.reports import eval_report
+from conveyor.config import ConfigError, ResolvedConfig, SamplingConfig, config_to_yaml
+from conveyor.rollout import AgentStages
+from conveyor.trainer.loop import StepRecord
 from conveyor.types import Status, Task, Trajectory
 
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a pass rate."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def eval_report(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
-    """Pass rate with its 95% interval, overall and per family; infra errors are not scored."""
-    family = {t.id: t.family for t in tasks}
-
-    def block(items: list[Trajectory]) -> dict[str, Any]:
-        scored = [t for t in items if t.status is not Status.INFRA_ERROR]
-        wins = sum(1 for t in scored if (t.reward or 0.0) >= 1.0)
-        low, high = wilson_interval(wins, len(scored))
-        return {
-            "pass_rate": wins / len(scored) if scored else 0.0,
-            "n": len(scored),
-            "ci95": [low, high],
-            "infra_errors": len(items) - len(scored),
-            "statuses": {s.value: sum(1 for t in items if t.status is s) for s in Status},
-        }
-
-    report = block(list(trajectories))
-    report["families"] = {
-        name: block([t for t in trajectories if family.get(t.task_id) == name])
-        for name in sorted(set(family.values()))
-    }
-    return report
+Say = Callable[[str], None]
 
 
 async def evaluate(
-    stages: Any,
+    parts: Composition,
+    stages: AgentStages,
     tasks: Sequence[Task],
-    config: ConveyorConfig,
     trajectories_file: Path | None = None,
 ) -> dict[str, Any]:
     """One rollout per task through the dispatcher; the report of `eval_report`.
 
     With `trajectories_file`, every rollout is also written there (JSONL) for inspection.
     """
-    from conveyor.dispatch.config import DispatchSettings
-    from conveyor.dispatch.factory import make_dispatcher
-
     start = time.monotonic()
-    dispatcher = make_dispatcher(DispatchSettings.from_config(config), stages)
+    dispatcher = parts.dispatcher(stages)
     trajectories: list[Trajectory] = []
     # Streamed, so the records a run got before it stopped (engine down) stay on disk.
     with contextlib.ExitStack() as stack:
@@ -93,17 +55,7 @@ async def evaluate(
     return report
 
 
-def family_tasks(config: ConveyorConfig, n: int, split: str) -> list[Task]:
-    """`n` instances of every configured family from `split`."""
-    from conveyor.tasks.family import get_family
-
-    out: list[Task] = []
-    for name in config.tasks.families:
-        out.extend(get_family(name).make_tasks(n, config.tasks.task_seed, split))
-    return out
-
-
-def export_model(weights: Any, source_dir: Path, target: Path) -> Path:
+def export_model(weights: Iterable[tuple[str, Any]], source_dir: Path, target: Path) -> Path:
     """A loadable HF folder: the source's config and tokenizer files plus the given weights."""
     from safetensors.torch import save_file
 
@@ -126,39 +78,36 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-async def warm_start(
-    config: ConveyorConfig, model_dir: Path, tokenizer: Any, run_dir: Path, say: Any
-) -> Path:
+async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     """Supervised fine-tuning on oracle traces; returns the exported `sft_model` folder."""
-    from conveyor.rollout import AgentStages
+    from conveyor.tasks.family import get_family
     from conveyor.trainer.backend import TrainBatch
-    from conveyor.trainer.engine import TorchTrainingEngine
     from conveyor.trainer.jsonl import append_records
-    from conveyor.trainer.loop import trainer_settings
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
 
-    train = config.train
-    tasks = family_tasks(config, train.sft_tasks, "train")
+    config, model_dir, tokenizer = parts.config, parts.model_dir, parts.tokenizer
+    train = config.rl
+    tasks = parts.tasks(train.sft_tasks, "train")
     oracle = OracleEngine(
-        tasks,
+        {task.id: get_family(task.family).oracle_calls(task) for task in tasks},
         lambda text: tokenizer.encode(text, add_special_tokens=False),
         tokenizer.eos_token_id,
         config.model.tool_format,
     )
-    traces = await oracle_rollouts(AgentStages.from_config(config, oracle, tokenizer), tasks)
-    good = [t for t in traces if t.status is Status.OK and (t.reward or 0.0) >= 1.0]
+    traces = await oracle_rollouts(parts.stages(engine=oracle), tasks)
+    good = [t for t in traces if t.status is Status.OK and t.solved]
     samples = [s for t in good for s in t.samples()]
     # One seeded shuffle: consecutive batches mix families and instances (traces come in
     # family order, and a run of one family's batches at a warm-start learning rate drifts).
-    random.Random(config.trainer.train_seed).shuffle(samples)
+    random.Random(config.trainer.seed).shuffle(samples)
     say(
         f"warm start: {len(good)}/{len(traces)} oracle traces solve their task; "
         f"{len(samples)} samples, {sum(len(s.input_ids) for s in samples)} tokens"
     )
-    settings = trainer_settings(config, lr=train.sft_lr).model_copy(
-        update={"loss": trainer_settings(config).loss.model_copy(update={"tis": False})}
+    settings = config.trainer.model_copy(
+        update={"lr": train.sft_lr, "loss": config.trainer.loss.model_copy(update={"tis": False})}
     )
-    backend = TorchTrainingEngine(model_dir, settings)
+    backend = parts.trainer(model_dir, settings)
     size = train.sft_batch_size
     log = run_dir / "sft_metrics.jsonl"
     # A warm start killed before its `sft_model` was published runs again from its first step.
@@ -179,24 +128,19 @@ async def warm_start(
 
 
 async def run_training(
-    resolved: ResolvedConfig, *, resume: Path | None = None, say: Any = print
+    resolved: ResolvedConfig, *, resume: Path | None = None, say: Say = print
 ) -> Path:
     """The whole training job; returns the run folder."""
     from conveyor.engines.base import WeightReceiver
-    from conveyor.engines.factory import build_engine, load_tokenizer
-    from conveyor.eval import make_run_dir
-    from conveyor.models import resolve_model_path
-    from conveyor.rollout import AgentStages
     from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
-    from conveyor.trainer.engine import TorchTrainingEngine
     from conveyor.trainer.faults import armed
-    from conveyor.trainer.loop import RLLoop, StepRecord, trainer_settings
+    from conveyor.trainer.loop import RLLoop
     from conveyor.trainer.report import plot_metrics
     from conveyor.trainer.resume import prepare_resume
     from conveyor.trainer.weight_sync import checked_sync, probe_ids
 
     config = resolved.config
-    train = config.train
+    train = config.rl
     armed()  # a malformed fault-injection setting fails here, not at its kill point
     if resume is not None:
         run_dir = resume
@@ -212,12 +156,12 @@ async def run_training(
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
     started = time.monotonic()
-    model_dir = resolve_model_path(config.model.path)
-    tokenizer = load_tokenizer(model_dir)
-    client: Any = build_engine(config, model_dir)
+    parts = Composition(config)
+    model_dir, tokenizer = parts.model_dir, parts.tokenizer
+    client = parts.engine
     if (train.steps or train.sft_steps) and not isinstance(client, WeightReceiver):
         # Refused before any evaluation: RL needs an engine that takes weights and proves it.
-        await client.close()
+        await parts.close()
         raise ConfigError(
             f"engine.kind={config.engine.kind!r} cannot take new weights in place and report "
             "what it serves (update_weights + weight_fingerprint); `conveyor train` needs "
@@ -227,12 +171,12 @@ async def run_training(
     eval_sampling = SamplingConfig(
         temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed
     )
-    eval_stages = AgentStages.from_config(config, client, tokenizer, eval_sampling)
-    eval_tasks = family_tasks(config, train.eval_tasks, "eval") if train.eval_tasks else []
+    eval_stages = parts.stages(eval_sampling)
+    eval_tasks = parts.tasks(train.eval_tasks, "eval") if train.eval_tasks else []
     try:
         if eval_tasks and not (run_dir / "eval_before.json").is_file():
             report = await evaluate(
-                eval_stages, eval_tasks, config, run_dir / "eval_before.trajectories.jsonl"
+                parts, eval_stages, eval_tasks, run_dir / "eval_before.trajectories.jsonl"
             )
             _write(run_dir / "eval_before.json", report)
             say(f"before: pass rate {report['pass_rate']:.3f} (n={report['n']})")
@@ -240,10 +184,10 @@ async def run_training(
         if train.sft_steps:
             if not (run_dir / "sft_model").is_dir():
                 t0 = time.monotonic()
-                await warm_start(config, model_dir, tokenizer, run_dir, say)
+                await warm_start(parts, run_dir, say)
                 timings["sft_s"] = time.monotonic() - t0
             start_dir = run_dir / "sft_model"
-        backend = TorchTrainingEngine(start_dir, trainer_settings(config))
+        backend = parts.trainer(start_dir)
         # Every sync, the first one after a warm start or resume included, is checked by the
         # weight fingerprint: a sync that did not take stops the run (WeightSyncError).
         sync = (
@@ -258,10 +202,10 @@ async def run_training(
         )
         loop = RLLoop(
             config,
-            AgentStages.from_config(config, client, tokenizer),
+            parts.stages(),
             backend,
             sync,
-            family_tasks(config, config.tasks.num_tasks, "train"),
+            parts.tasks(config.tasks.num_tasks, "train"),
             run_dir,
             engine_probe=client,
             on_step=lambda r: say(_step_line(r, train.steps)),
@@ -283,7 +227,7 @@ async def run_training(
             await sync(backend.export_weights(), backend.policy_version)
         if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
             report = await evaluate(
-                eval_stages, eval_tasks, config, run_dir / "eval_after_sft.trajectories.jsonl"
+                parts, eval_stages, eval_tasks, run_dir / "eval_after_sft.trajectories.jsonl"
             )
             _write(run_dir / "eval_after_sft.json", report)
             say(f"after warm start: pass rate {report['pass_rate']:.3f} (n={report['n']})")
@@ -292,25 +236,25 @@ async def run_training(
         timings["rl_s"] = time.monotonic() - t0
         if eval_tasks:
             report = await evaluate(
-                eval_stages, eval_tasks, config, run_dir / "eval_after.trajectories.jsonl"
+                parts, eval_stages, eval_tasks, run_dir / "eval_after.trajectories.jsonl"
             )
             _write(run_dir / "eval_after.json", report)
             say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
         if train.export_final:
             export_model(backend.export_weights(), start_dir, run_dir / "final_model")
     finally:
-        await client.close()
+        await parts.close()
     plot_metrics(run_dir)
     timings["wall_s"] = time.monotonic() - started
     _write(run_dir / "summary.json", {"timings": timings, "steps": len(records)})
     return run_dir
 
 
-async def _no_weight_sync(weights: Any, version: int) -> float:
+async def _no_weight_sync(weights: Iterable[tuple[str, Any]], version: int) -> float:
     raise RuntimeError("this engine takes no weights (an evaluation-only run)")
 
 
-def _step_line(record: Any, total: int) -> str:
+def _step_line(record: StepRecord, total: int) -> str:
     m = record.metrics
     return (
         f"step {record.step}/{total}  reward {m.get('rollout/reward_mean', 0):.3f}  "

@@ -1,0 +1,154 @@
+"""The composition root: config -> model folder -> tokenizer -> engine -> stages -> dispatcher.
+
+Every command (`eval`, `train`, `bench dispatch --workload real`, and the bridge and gateway to
+come) builds its parts here and nowhere else, so a new kind of engine, runtime, executor or task
+family is wired once: each is looked up by name in `conveyor.registry`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conveyor.config import ConveyorConfig, SamplingConfig, TrainerConfig
+from conveyor.types import Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from conveyor.dispatch.base import Dispatcher, EngineProbe
+    from conveyor.dispatch.stages import RolloutStages
+    from conveyor.engines.base import SamplingClient
+    from conveyor.rollout import AgentStages
+    from conveyor.trainer.engine import TorchTrainingEngine
+
+
+class Composition:
+    """Builds the parts of one run from its config; each part is built on first use.
+
+    The model folder, tokenizer and engine are built once and shared by every stage set and
+    dispatcher made here; `close()` stops the engine.
+    """
+
+    def __init__(self, config: ConveyorConfig) -> None:
+        self.config = config
+        self._model_dir: Path | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._engine: SamplingClient | None = None
+        self.engine_start_s = 0.0
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder (`model.path`, or the embedded default); checked to exist."""
+        if self._model_dir is None:
+            from conveyor.models import resolve_model_path
+
+            self._model_dir = resolve_model_path(self.config.model.path)
+        return self._model_dir
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model folder's tokenizer (local files only)."""
+        if self._tokenizer is None:
+            from conveyor.engines.factory import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_dir)
+        return self._tokenizer
+
+    @property
+    def engine(self) -> SamplingClient:
+        """The sampling engine `engine.kind` names, serving the model folder."""
+        if self._engine is None:
+            from conveyor.engines.factory import build_engine
+
+            started = time.monotonic()
+            self._engine = build_engine(self.config, self.model_dir)
+            self.engine_start_s = time.monotonic() - started
+        return self._engine
+
+    def stages(
+        self, sampling: SamplingConfig | None = None, engine: SamplingClient | None = None
+    ) -> AgentStages:
+        """The agent's init/run/reward stages on `engine` (default: the run's engine)."""
+        from conveyor.rollout import AgentStages
+
+        client = engine if engine is not None else self.engine
+        return AgentStages.from_config(self.config, client, self.tokenizer, sampling)
+
+    def dispatcher(
+        self,
+        stages: RolloutStages,
+        *,
+        engine: EngineProbe | None = None,
+        strategy: str | None = None,
+    ) -> Dispatcher:
+        """The configured strategy (or `strategy`) driving `stages` on the configured executor."""
+        from conveyor.dispatch.config import DispatchSettings
+        from conveyor.dispatch.factory import make_dispatcher
+
+        settings = DispatchSettings.from_config(self.config)
+        if strategy is not None:
+            settings = settings.model_copy(update={"strategy": strategy})
+        return make_dispatcher(settings, stages, engine=engine)
+
+    def tasks(self, n: int | None = None, split: str | None = None) -> list[Task]:
+        """`n` instances (default `tasks.num_tasks`) of every configured family from `split`
+        (default `tasks.split`)."""
+        from conveyor.tasks.family import get_family
+
+        spec = self.config.tasks
+        out: list[Task] = []
+        for name in spec.families:
+            family = get_family(name)
+            out.extend(
+                family.make_tasks(
+                    spec.num_tasks if n is None else n,
+                    spec.task_seed,
+                    spec.split if split is None else split,
+                )
+            )
+        return out
+
+    def trainer(
+        self, model_dir: Path, settings: TrainerConfig | None = None
+    ) -> TorchTrainingEngine:
+        """The built-in trainer on `model_dir` with `settings` (default: the `trainer` section);
+        its logits temperature is the sampling temperature and a decaying schedule spans
+        `rl.steps`."""
+        from conveyor.trainer.engine import TorchTrainingEngine
+
+        settings = settings or self.config.trainer
+        temperature = self.config.sampling.temperature
+        return TorchTrainingEngine(
+            model_dir,
+            settings,
+            temperature=temperature if temperature > 0 else 1.0,
+            total_steps=max(self.config.rl.steps, 1) if settings.schedule != "constant" else None,
+        )
+
+    async def close(self) -> None:
+        """Stop the engine, if one was started."""
+        if self._engine is not None:
+            await self._engine.close()
+
+
+def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
+    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty."""
+    if config.run.dir is not None:
+        run_dir = Path(config.run.dir)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise FileExistsError(
+                f"run folder {run_dir} already holds a run; choose another run.dir"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = Path("runs") / f"{kind}-{stamp}"
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = Path("runs") / f"{kind}-{stamp}-{suffix}"
+    run_dir.mkdir(parents=True)
+    return run_dir

@@ -1,0 +1,71 @@
+"""`conveyor eval CONFIG`: run the agent over a task set and write a run folder.
+
+The run folder holds `config.yaml` (the resolved config), `trajectories.jsonl` (one line per
+rollout, appended and flushed as each finishes, so a crash loses nothing already done) and
+`summary.json` (pass@1, pass@k, statuses, turns, tokens, stage times, wall time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from conveyor.app.compose import Composition, make_run_dir
+from conveyor.app.reports import summarize
+from conveyor.config import ResolvedConfig, config_to_yaml
+from conveyor.types import Trajectory
+
+
+async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> Path:
+    """Evaluate the configured model on the configured tasks; returns the run folder."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    config = resolved.config
+    parts = Composition(config)
+    model_dir = parts.model_dir
+    tasks = parts.tasks()
+    run_dir = make_run_dir(config, "eval")
+    (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    started = time.monotonic()
+    parts.tokenizer  # noqa: B018 - loaded before the clock of the engine start stops
+    client = parts.engine
+    engine_ready = time.monotonic() - started
+    dispatcher = parts.dispatcher(parts.stages(), engine=client)
+    k = config.tasks.group_size
+    results: list[Trajectory] = []
+    total = len(tasks) * k
+    try:
+        with (
+            (run_dir / "trajectories.jsonl").open("w") as sink,
+            Progress(
+                TextColumn("[bold]eval[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("pass@1 {task.fields[pass1]:.2f}"),
+                TimeElapsedColumn(),
+                disable=not show_progress,
+            ) as progress,
+        ):
+            bar = progress.add_task("rollouts", total=total, pass1=0.0)
+            async for trajectory in dispatcher.rollouts(tasks, k):
+                results.append(trajectory)
+                sink.write(trajectory.to_json() + "\n")
+                sink.flush()
+                passed = sum(1 for t in results if t.solved)
+                progress.update(bar, advance=1, pass1=passed / len(results))
+    finally:
+        await parts.close()
+    summary = summarize(results, tasks, k)
+    summary["wall_s"] = time.monotonic() - started
+    summary["engine_start_s"] = engine_ready
+    summary["model"] = str(model_dir)
+    summary["engine"] = config.engine.kind
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return run_dir
+
+
+def eval_main(resolved: ResolvedConfig) -> Path:
+    """Synchronous entry point for the CLI."""
+    return asyncio.run(run_eval(resolved))

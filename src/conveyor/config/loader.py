@@ -1,0 +1,340 @@
+"""Typed configuration: pydantic models, YAML files and dotted ``--set`` overrides.
+
+A run is configured by one :class:`ConveyorConfig`. It comes from three layers, later ones winning:
+the defaults declared here, an optional YAML file, and ``--set dotted.key=value`` overrides.
+:func:`load_config` resolves them and remembers where every value came from, so
+``conveyor config show`` can say why a setting has the value it has.
+
+The sections are in `sections.py` and `training.py`, the whole tree in `schema.py`; this module
+reads files and overrides. A key in the wrong section is answered with the section(s) where that
+name lives. Anything unexpected (an unknown key, a wrong type, a key given twice in a file) is a
+:class:`ConfigError` that names the key, the bad value and where it came from.
+"""
+
+import difflib
+import json
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from conveyor.config.base import ConfigError
+from conveyor.config.schema import ConveyorConfig
+
+__all__ = ["ResolvedConfig", "config_to_yaml", "format_config", "load_config"]
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A validated config plus where each leaf value came from.
+
+    ``sources`` maps every dotted leaf key (``agent.hints.enabled``) to ``"default"``,
+    ``"file:<path>"`` or ``"--set"``.
+    """
+
+    config: ConveyorConfig
+    sources: dict[str, str]
+
+
+def _section_type(field: FieldInfo) -> type[BaseModel] | None:
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _collect_keys(
+    model: type[BaseModel], prefix: str, leaves: dict[str, FieldInfo], sections: list[str]
+) -> None:
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        section = _section_type(field)
+        if section is None:
+            leaves[key] = field
+        else:
+            sections.append(key)
+            _collect_keys(section, f"{key}.", leaves, sections)
+
+
+_LEAVES: dict[str, FieldInfo] = {}
+_SECTIONS: list[str] = []
+_collect_keys(ConveyorConfig, "", _LEAVES, _SECTIONS)
+
+
+# Keys renamed when the config became one class per concept (issue 15): an old config is told
+# the new name instead of a near miss ('train' is nearer to 'trainer' than to 'rl').
+RENAMED: dict[str, str] = {
+    "train": "rl",
+    "trainer.train_dtype": "trainer.dtype",
+    "trainer.train_device": "trainer.device",
+    "trainer.train_seed": "trainer.seed",
+    "trainer.adam_betas": "trainer.betas",
+    "trainer.adam_eps": "trainer.eps",
+    "trainer.lr_schedule": "trainer.schedule",
+    "trainer.lora.use_lora": "trainer.lora.enabled",
+    "trainer.lora.lora_rank": "trainer.lora.r",
+    "trainer.lora.lora_alpha": "trainer.lora.alpha",
+    "trainer.lora.lora_dropout": "trainer.lora.dropout",
+    "trainer.lora.lora_target_modules": "trainer.lora.target_modules",
+}
+
+
+def _suggest(key: str) -> str | None:
+    """The valid key nearest to an unknown dotted key, if any is near enough."""
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(f"{old}."):
+            return new + key[len(old) :]
+    name = key.rsplit(".", 1)[-1]
+    # A right name in the wrong section: every section that has it (`dtype`: engine and trainer).
+    homes = [valid for valid in [*_LEAVES, *_SECTIONS] if valid.rsplit(".", 1)[-1] == name]
+    if homes:
+        return "' or '".join(homes)
+    close = difflib.get_close_matches(key, [*_LEAVES, *_SECTIONS], n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    names = {leaf.rsplit(".", 1)[-1] for leaf in _LEAVES}
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    if not close:
+        return None
+    return "' or '".join(leaf for leaf in _LEAVES if leaf.rsplit(".", 1)[-1] == close[0])
+
+
+def _unknown_key(key: str, source: str, model: type[BaseModel]) -> ConfigError:
+    suggestion = _suggest(key)
+    if suggestion is not None:
+        hint = f"did you mean '{suggestion}'?"
+    else:
+        hint = "valid keys here are " + ", ".join(f"'{name}'" for name in model.model_fields)
+    return ConfigError(f"unknown config key '{key}' (from {source}); {hint}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe YAML loader, except that a key given twice in one mapping is an error."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Hashable] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if isinstance(key, Hashable):
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    if mark is None:
+        return problem
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(
+            f"config file '{path}' does not exist (resolved to {path.absolute()}); pass the path "
+            "of a YAML config such as configs/quickstart-eval.yaml, or no file for the defaults."
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file '{path}' cannot be read as UTF-8 text: {exc}.") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"config file '{path}' is not valid YAML: {_yaml_problem(exc)}."
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file '{path}' must hold a mapping of sections ("
+            + ", ".join(ConveyorConfig.model_fields)
+            + f") at its top level, but holds a {type(data).__name__}."
+        )
+    return data
+
+
+def _check_keys(
+    data: dict[Any, Any],
+    model: type[BaseModel],
+    prefix: str,
+    source: str,
+    sources: dict[str, str],
+) -> None:
+    """Reject unknown keys and non-mapping sections of a file; record the leaves it sets."""
+    for name in list(data):
+        key = f"{prefix}{name}"
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            raise _unknown_key(key, source, model)
+        section = _section_type(field)
+        if section is None:
+            sources[key] = source
+            continue
+        value = data[name]
+        if value is None:  # a section whose keys are all commented out
+            value = data[name] = {}
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"config key '{key}' (from {source}) is a section and must be a mapping of its "
+                f"keys ({', '.join(section.model_fields)}), but is {value!r}."
+            )
+        _check_keys(value, section, f"{key}.", source, sources)
+
+
+def _accepts_str(field: FieldInfo) -> bool:
+    annotation = field.annotation
+    if annotation is str:
+        return True
+    return get_origin(annotation) in (Union, UnionType) and str in get_args(annotation)
+
+
+def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]) -> None:
+    """Set one ``dotted.key=value`` override into the raw config mapping."""
+    source = "--set"
+    key, sep, text = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(
+            f"override '{override}' is not of the form dotted.key=value "
+            "(e.g. --set agent.max_turns=8)."
+        )
+    model: type[BaseModel] = ConveyorConfig
+    parts = key.split(".")
+    target = data
+    for depth, name in enumerate(parts):
+        field = model.model_fields.get(name)
+        if field is None:
+            raise _unknown_key(key, source, model)
+        section = _section_type(field)
+        last = depth == len(parts) - 1
+        if section is None and not last:
+            raise _unknown_key(key, source, model)
+        if section is not None and last:
+            raise ConfigError(
+                f"override '{override}' sets the section '{key}' as a whole; set its keys one "
+                f"at a time instead, e.g. --set {key}.{next(iter(section.model_fields))}=..."
+            )
+        if section is not None:
+            model = section
+            target = target.setdefault(name, {})
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"the value of override '{override}' is not valid YAML: {_yaml_problem(exc)}."
+        ) from None
+    # `--set run.dir=2024` means the text "2024", not the number, where the key holds text.
+    if isinstance(value, int | float) and _accepts_str(_LEAVES[key]):
+        value = text.strip()
+    target[parts[-1]] = value
+    sources[key] = source
+
+
+def _describe(field: FieldInfo) -> str:
+    annotation = field.annotation
+    if get_origin(annotation) is Literal:
+        text = "one of " + ", ".join(repr(option) for option in get_args(annotation))
+    elif isinstance(annotation, type) and not get_args(annotation):
+        text = annotation.__name__
+    else:
+        text = str(annotation).replace("typing.", "")
+    bounds = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    for constraint in field.metadata:
+        for attr, sign in bounds.items():
+            if getattr(constraint, attr, None) is not None:
+                text += f" {sign} {getattr(constraint, attr)}"
+    return text
+
+
+def _validation_error(error: ValidationError, sources: dict[str, str]) -> ConfigError:
+    problems = []
+    for detail in error.errors():
+        names = [str(part) for part in detail["loc"] if isinstance(part, str)]
+        leaf = ".".join(names)
+        shown = leaf + "".join(f"[{part}]" for part in detail["loc"] if isinstance(part, int))
+        message = detail["msg"].removeprefix("Value error, ")
+        message = message[:1].lower() + message[1:]
+        if leaf in _LEAVES:
+            problems.append(
+                f"config key '{shown}' has the invalid value {detail['input']!r} (from "
+                f"{sources[leaf]}): {message} (expected {_describe(_LEAVES[leaf])})"
+            )
+        elif not leaf:  # a check across sections: its message names the keys it is about
+            named = [f"{key} from {sources[key]}" for key in _LEAVES if f"{key} (" in message]
+            problems.append(f"invalid config ({', '.join(named)}): {message}")
+        else:  # a check across several keys of one section
+            changed = [
+                f"{key} from {origin}"
+                for key, origin in sources.items()
+                if origin != "default" and key.startswith(f"{leaf}.")
+            ]
+            where = f"config section '{leaf}'" if leaf else "config"
+            origins = ", ".join(changed) or "all defaults"
+            problems.append(f"invalid {where} ({origins}): {message}")
+    return ConfigError("; ".join(problems) + ".")
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ResolvedConfig:
+    """Resolve defaults, an optional YAML file and ``dotted.key=value`` overrides, in that order.
+
+    Override values are parsed as YAML (``8`` is an int, ``[a, b]`` a list, ``null`` None), except
+    that a number given to a text key stays text. Later overrides win over earlier ones and over
+    the file. Raises :class:`ConfigError` for anything that is not a valid config.
+    """
+    sources = dict.fromkeys(_LEAVES, "default")
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_file(Path(path))
+        _check_keys(data, ConveyorConfig, "", f"file:{path}", sources)
+    for override in overrides:
+        _apply_override(data, override, sources)
+    try:
+        config = ConveyorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, sources) from None
+    return ResolvedConfig(config=config, sources=sources)
+
+
+def _leaf_value(config: ConveyorConfig, key: str) -> Any:
+    value: Any = config
+    for name in key.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def format_config(resolved: ResolvedConfig) -> str:
+    """Every leaf as ``dotted.key = value   [source]``, grouped under a header per section."""
+    shown = {key: json.dumps(_leaf_value(resolved.config, key)) for key in _LEAVES}
+    key_width = max(len(key) for key in shown)
+    value_width = min(max(len(value) for value in shown.values()), 32)
+    lines: list[str] = []
+    section = None
+    for key, value in shown.items():
+        if key.rpartition(".")[0] != section:
+            section = key.rpartition(".")[0]
+            lines.extend(([""] if lines else []) + [f"[{section}]"])
+        lines.append(f"  {key:<{key_width}} = {value:<{value_width}}   [{resolved.sources[key]}]")
+    return "\n".join(lines) + "\n"
+
+
+def config_to_yaml(config: ConveyorConfig) -> str:
+    """The config as YAML that :func:`load_config` reads back into an equal config."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,111 @@
+"""The whole configuration of one run (`ConveyorConfig`) and its checks across sections."""
+
+import importlib
+from typing import Any, Self
+
+from pydantic import Field, model_validator
+
+from conveyor.config.base import Section
+from conveyor.config.sections import (
+    AgentConfig,
+    DispatchConfig,
+    EngineConfig,
+    ModelConfig,
+    RunConfig,
+    SamplingConfig,
+    TasksConfig,
+)
+from conveyor.config.training import RLConfig, TrainerConfig
+from conveyor.registry import FAMILIES
+
+
+class ConveyorConfig(Section):
+    """The whole configuration of one conveyor run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="The sampling engine.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="The agent loop.")
+    tasks: TasksConfig = Field(default_factory=TasksConfig, description="The task set.")
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig, description="Scheduling.")
+    run: RunConfig = Field(default_factory=RunConfig, description="Run outputs.")
+    rl: RLConfig = Field(default_factory=RLConfig, description="The RL loop.")
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig, description="The built-in PyTorch trainer."
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported before the config's names are checked, so the "
+        "strategies, advantages, engines, runtimes, executors and task families they register "
+        "can be named here (docs/architecture.md, 'Adding a part').",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _import_plugins(cls, data: Any) -> Any:
+        """Import the `plugins` modules first, so the names they register validate below."""
+        plugins = data.get("plugins") if isinstance(data, dict) else None
+        if isinstance(plugins, list) and all(isinstance(name, str) for name in plugins):
+            for module in plugins:
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise ValueError(
+                        f"plugins: module {module!r} cannot be imported ({exc}); list importable "
+                        "module names (on PYTHONPATH), e.g. plugins: [my_project.parts]"
+                    ) from None
+        return data
+
+    @model_validator(mode="after")
+    def _deadlines_and_bounds_fit(self) -> Self:
+        """Refuse settings whose budgets cannot all hold, naming every offending key."""
+        problems = [*_pool_problems(self.dispatch), *_budget_problems(self)]
+        if problems:
+            raise ValueError(
+                "settings that cannot work together: " + "; ".join(problems) + " (checked at "
+                "start so a run does not find out hours in)"
+            )
+        return self
+
+
+def _pool_problems(dispatch: DispatchConfig) -> list[str]:
+    """R must admit the strategy's whole run pool, or part of the pool can never run."""
+    key = "p_run" if dispatch.strategy in ("pipeline", "auto") else "max_parallel"
+    pool = getattr(dispatch, key)
+    if dispatch.max_live_runtimes >= pool:
+        return []
+    return [
+        f"dispatch.max_live_runtimes ({dispatch.max_live_runtimes}) is below the run pool "
+        f"dispatch.{key} ({pool}) of strategy '{dispatch.strategy}': every rollout in the run "
+        "stage holds a runtime, so raise R or lower the pool"
+    ]
+
+
+def _budget_problems(config: "ConveyorConfig") -> list[str]:
+    agent, dispatch = config.agent, config.dispatch
+    problems = []
+    if agent.tool_timeout_s > agent.rollout_timeout_s:
+        problems.append(
+            f"agent.tool_timeout_s ({agent.tool_timeout_s:g}) exceeds agent.rollout_timeout_s "
+            f"({agent.rollout_timeout_s:g}): one tool call may outlast the whole rollout"
+        )
+    for name in config.tasks.families:
+        budget = _reward_budget_s(name)
+        if budget is not None and dispatch.reward_timeout_s < budget:
+            problems.append(
+                f"dispatch.reward_timeout_s ({dispatch.reward_timeout_s:g}) is below the "
+                f"'{name}' family's grading budget ({budget:g} s): a slow test run the policy "
+                "caused would end as an infrastructure error, retried and never scored"
+            )
+    return problems
+
+
+def _reward_budget_s(family_name: str) -> float | None:
+    """The longest a family's `score` may legitimately take, when the family states it
+    (`reward_budget_s`)."""
+    try:
+        family = FAMILIES.get(family_name)()
+    except KeyError:
+        return None  # an unknown name is reported by the tasks section's own check
+    budget = getattr(family, "reward_budget_s", None)
+    return float(budget) if isinstance(budget, int | float) else None

