@@ -33,9 +33,7 @@ class Tracker:
             try:
                 import wandb as wandb_module
             except ImportError as exc:
-                raise RuntimeError(
-                    "rl.wandb needs the wandb package: pip install wandb"
-                ) from exc
+                raise RuntimeError("rl.wandb needs the wandb package: pip install wandb") from exc
             self._wandb = wandb_module.init(
                 dir=str(run_dir),
                 mode="offline",
