@@ -8,6 +8,11 @@ without deleting its line (or adding one without a line) fails the suite.
 
 from __future__ import annotations
 
+import ast
+import os
+import re
+import subprocess
+import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -204,3 +209,114 @@ def test_committed_picture_names_every_package() -> None:
     tree = scan_package(SOURCE, "conveyor")
     missing = _expected_labels(tree) - _svg_texts(DOCS_PICTURE)
     assert missing == set(), "regenerate: conveyor dev graph --out docs/architecture.svg"
+
+
+# --- the architecture page ------------------------------------------------------------------
+
+DOC = DOCS_PICTURE.with_name("architecture.md")
+REPO = DOCS_PICTURE.parents[1]
+# Config keys the page names that look like module paths (a section shares its layer's name).
+CONFIG_KEYS = {"dispatch.executor", "dispatch.strategy", "runtime.kind", "tasks.families"}
+
+
+def _defined_names(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _resolves(tree: ImportGraph, dotted: str) -> bool:
+    """Whether `dotted` (``engines.factory.build_engine``, ``rollout.AgentStages.from_config``)
+    names a module of conveyor, or a name defined in one (and a member of a class defined there)."""
+    parts = dotted.removeprefix("conveyor.").split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(["conveyor", *parts[:cut]])
+        if module not in tree.modules:
+            continue
+        rest = parts[cut:]
+        if not rest:
+            return True
+        body = ast.parse(tree.modules[module].read_text()).body
+        if rest[0] not in _defined_names(body):
+            return False
+        if len(rest) == 1:
+            return True
+        classes = [n for n in body if isinstance(n, ast.ClassDef) and n.name == rest[0]]
+        return bool(classes) and rest[1] in _defined_names(classes[0].body)
+    return False
+
+
+def test_architecture_page_names_only_things_that_exist(tree: ImportGraph) -> None:
+    text = DOC.read_text()
+    units = {unit_of(m) for m in tree.modules}
+    dotted = {
+        token.rstrip("()")
+        for token in re.findall(r"`([A-Za-z_][\w.]*\.[\w]+(?:\(\))?)`", text)
+        if token.split(".")[0] in units | {"conveyor"}
+    } - CONFIG_KEYS
+    paths = set(re.findall(r"[\w/]+\.(?:py|md|svg)\b", text))
+
+    assert len(dotted) > 20 and len(paths) > 5  # the patterns still find what the page names
+    assert sorted(d for d in dotted if not _resolves(tree, d)) == []
+    roots = (REPO, REPO / "src" / "conveyor", REPO / "src", REPO / "docs")
+    assert sorted(p for p in paths if not any((r / p).exists() for r in roots)) == []
+
+
+_RUN_DOC_EXAMPLES = """
+import re, sys
+from pathlib import Path
+from conveyor.dispatch import DispatchSettings, make_dispatcher
+from conveyor.sim.engine import SimEngine
+from conveyor.sim.stages import SimEnvironment
+from conveyor.sim.swe import SweSimWorkload
+from conveyor.sim.virtual_loop import run_virtual
+
+spaces = []
+for block in re.findall(r"```python\\n(.*?)```", Path(sys.argv[1]).read_text(), re.S):
+    spaces.append({"__name__": "doc_example"})
+    exec(compile(block, "architecture.md", "exec"), spaces[-1])
+workload = SweSimWorkload(
+    tasks=3, samples_per_task=2, turns_min=2, turns_max=3, max_live_runtimes=4, cpu_slots=2
+)
+
+async def dispatch():
+    engine = SimEngine(workload, occupancy_reference=8)
+    engine.start()
+    env = SimEnvironment(workload, 0, engine)
+    settings = DispatchSettings(strategy="one_at_a_time", max_live_runtimes=4)
+    out = [t async for t in make_dispatcher(settings, env, engine=engine).rollouts(env.tasks(), 2)]
+    await engine.close()
+    return out
+
+done = run_virtual(dispatch())
+spans = sorted((t.timings["admitted"], t.timings["finished"]) for t in done)
+print("statuses", sorted({t.status.value for t in done}), len(done))
+print("sequential", all(a[1] <= b[0] for a, b in zip(spans, spans[1:])))
+tool = next(s["word_count"] for s in spaces if "word_count" in s)
+print("tool", tool.name, sorted(tool.schema["function"]["parameters"]["properties"]))
+"""
+
+
+def test_architecture_page_examples_run(tmp_path: Path) -> None:
+    """The page's strategy and tool run as printed; in a child process, so the example strategy
+    is not left registered in this process's STRATEGIES."""
+    script = tmp_path / "run_examples.py"
+    script.write_text(_RUN_DOC_EXAMPLES)
+    env = {**os.environ, "PYTHONPATH": str(SOURCE.parent), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), str(DOC)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "statuses ['ok'] 6",
+        "sequential True",
+        "tool word_count ['text']",
+    ]
