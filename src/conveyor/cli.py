@@ -27,6 +27,8 @@ search_cli.register(bench_app)
 trainer_cli.register(bench_app)
 app.add_typer(bench_app, name="bench")
 app.add_typer(tasks_app, name="tasks")
+dev_app = typer.Typer(help="Developer tools that read conveyor's own source.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
 
 SetOption = Annotated[
     list[str] | None,
@@ -250,6 +252,17 @@ def view_command(
         typer.echo(json.dumps(result.as_dict()))
     else:
         typer.echo(f"{result.trajectories} trajectories, {result.tokens} tokens -> {result.html}")
+
+
+@dev_app.command("graph")
+def dev_graph(
+    out: Annotated[Path, typer.Option(help="SVG file to write.")] = Path("docs/architecture.svg"),
+) -> None:
+    """Draw conveyor's layers and the imports between them as an SVG (docs/architecture.md)."""
+    from conveyor.devtools.picture import main as draw_graph
+
+    draw_graph(out)
+    typer.echo(str(out))
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer(
         "app",
-        ("cli", "app", "eval", "view", "doctor", "bench", "devtools"),
+        ("cli", "app", "view", "doctor", "bench", "devtools"),
         "commands: build the parts and run them",
     ),
     Layer("sim", ("sim",), "the dispatch simulator the benchmarks drive"),
@@ -66,13 +66,7 @@ ONLY_IMPORTS: Mapping[str, frozenset[str]] = {
 }
 
 # (importing module, imported module) -> why it is still there.
-PENDING: Mapping[tuple[str, str], str] = {
-    ("conveyor.config", "conveyor.tasks.family"): "family names move to conveyor.registry",
-    ("conveyor.trainer.run", "conveyor.tasks.family"): "trainer/run.py moves to app/",
-    ("conveyor.trainer.run", "conveyor.rollout"): "trainer/run.py moves to app/",
-    ("conveyor.trainer.run", "conveyor.eval"): "trainer/run.py moves to app/",
-    ("conveyor.trainer.sft", "conveyor.tasks.family"): "the SFT data path needs a home",
-}
+PENDING: Mapping[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
