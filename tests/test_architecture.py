@@ -216,7 +216,14 @@ def test_committed_picture_names_every_package() -> None:
 DOC = DOCS_PICTURE.with_name("architecture.md")
 REPO = DOCS_PICTURE.parents[1]
 # Config keys the page names that look like module paths (a section shares its layer's name).
-CONFIG_KEYS = {"dispatch.executor", "dispatch.strategy", "runtime.kind", "tasks.families"}
+CONFIG_KEYS = {
+    "config.trainer",
+    "config.trainer.loss",
+    "dispatch.executor",
+    "dispatch.strategy",
+    "runtime.kind",
+    "tasks.families",
+}
 
 
 def _defined_names(body: list[ast.stmt]) -> set[str]:
