@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime import docker as docker_module
+from conveyor.runtime import local as local_module
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.docker import DockerRuntime
 from conveyor.runtime.local import LocalRuntime
@@ -76,6 +79,7 @@ def _spy_threads(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, seen: 
 def test_swe_rollout_runs_in_the_local_runtime_and_cpu_work_runs_on_the_named_pools(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(local_module, "_warned", False)  # it warns once per process
     family = _swe("local")
     task = family.task(tiny_row())
     set_up: list[str] = []
@@ -179,3 +183,32 @@ def test_swe_rollout_runs_in_docker_when_runtime_kind_is_docker__fake_docker_cli
     assert "/workspace" in variables["PYTHONPATH"].split(":")
     assert calls[-1][:2] == ["rm", "-f"]  # the container is removed on close ...
     assert not workspace.exists()  # ... and the workspace with it
+
+
+@needs_sandbox
+def test_the_first_rollout_sweeps_workspaces_a_crashed_process_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    template = row_template(tiny_row())
+    root = family_module.swe_home() / "workspaces"
+    crash = (
+        "import os, sys\nfrom pathlib import Path\n"
+        "from conveyor.runtime.workspace import make_workspace\n"
+        "w = make_workspace(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+        "print(w.path, flush=True)\nos._exit(9)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", crash, str(template), str(root)], capture_output=True, text=True
+    )
+    assert done.returncode == 9, done.stderr
+    orphan = Path(done.stdout.strip())
+    assert orphan.exists()
+    monkeypatch.setattr(family_module, "_SWEPT_ROOTS", set())  # as in a new process
+    family = _swe("auto")
+
+    async def first_rollout() -> None:
+        runtime = await family.make_runtime(family.task(tiny_row()))
+        await runtime.close()
+
+    asyncio.run(first_rollout())
+    assert not orphan.exists()

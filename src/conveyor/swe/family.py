@@ -28,7 +28,7 @@ from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime
 from conveyor.runtime.settings import RuntimeSettings
-from conveyor.runtime.workspace import Workspace, make_workspace
+from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.grading import (
@@ -47,6 +47,8 @@ from conveyor.types import Task, ToolCall
 TASKS_ENV = "CONVEYOR_SWE_TASKS"
 BASH_TIMEOUT_S = 60.0
 SWE_INDEXES = IndexCache(max_entries=16)
+# Workspace roots swept of what crashed processes left, once per process.
+_SWEPT_ROOTS: set[Path] = set()
 
 SYSTEM_PROMPT = (
     "You are a software engineer fixing an issue in the Python repository at /workspace. "
@@ -211,7 +213,7 @@ class SweFamily:
             "init",
             make_workspace,
             template,
-            swe_home() / "workspaces",
+            await _workspace_root(),
             size_bytes=self.runtime.workspace_size_bytes,
         )
         try:
@@ -245,6 +247,16 @@ class SweFamily:
             *gold_edits(row, row_template(row)),
             ToolCall(name="finish", arguments={"answer": "Fixed the bug (gold patch applied)."}),
         ]
+
+
+async def _workspace_root() -> Path:
+    """Where rollout workspaces go; on first use in this process, workspaces whose creating
+    process died (a crash, a kill) are removed, so they cannot pile up on the disk."""
+    root = swe_home() / "workspaces"
+    if root not in _SWEPT_ROOTS:
+        _SWEPT_ROOTS.add(root)
+        await run_in_pool("init", sweep_stale, root)
+    return root
 
 
 def _runtime_request(row: SweRow, workspace: Workspace) -> RuntimeRequest:
