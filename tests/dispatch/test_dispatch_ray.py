@@ -98,6 +98,12 @@ class _WhereStages:
         )
 
 
+def _worker_path(here: str) -> str:
+    """PYTHONPATH for Ray workers: this folder, then the driver's own (which may put a checkout's
+    sources before the installed package)."""
+    return os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+
+
 @pytest.mark.slow
 def test_ray_executor_matches_asyncio() -> None:
     ray = pytest.importorskip("ray")
@@ -109,7 +115,7 @@ def test_ray_executor_matches_asyncio() -> None:
         resources={"sandbox": 6},
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": here}},
+        runtime_env={"env_vars": {"PYTHONPATH": _worker_path(here)}},
     )
     try:
         seed = 4
@@ -204,7 +210,7 @@ def test_ray_executor_on_a_simulated_two_node_cluster() -> None:
         ray.init(
             address=cluster.address,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": here}},
+            runtime_env={"env_vars": {"PYTHONPATH": _worker_path(here)}},
         )
         cluster.wait_for_nodes()
         seed = 4
