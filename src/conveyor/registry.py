@@ -16,12 +16,13 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     from conveyor.dispatch.base import Dispatcher
     from conveyor.dispatch.executors import Executor
     from conveyor.engines.factory import EngineBuilder
+    from conveyor.runtime.selection import RuntimeBuilder
     from conveyor.tasks.family import TaskFamily
     from conveyor.trainer.advantages import AdvantageEstimator
 
@@ -142,7 +143,15 @@ ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry(
 ENGINES: Registry[EngineBuilder] = Registry(
     "engine kind", _same_module("conveyor.engines.factory", "vllm", "openai", "simulated", "hf")
 )
-RUNTIMES: Registry[Callable[..., Any]] = Registry("runtime kind")
+RUNTIMES: Registry[RuntimeBuilder] = Registry(
+    "runtime kind",
+    {
+        "simulated": "conveyor.runtime.simulated",
+        "local": "conveyor.runtime.local",
+        "bubblewrap": "conveyor.runtime.bubblewrap",
+        "docker": "conveyor.runtime.docker",
+    },
+)
 EXECUTORS: Registry[Callable[[], Executor]] = Registry(
     "dispatch executor",
     {"asyncio": "conveyor.dispatch.executors", "ray": "conveyor.dispatch.ray_executor"},

@@ -3,13 +3,14 @@
 `AgentStages` implements `conveyor.dispatch.stages.RolloutStages` for any registered task family:
 `init` asks the family for a started runtime, `run` is the agent loop, `reward` is the family's
 score of the answer submitted through `finish`. It is the only place where tasks, tools, renderer
-and engine meet.
+and engine meet. It holds one instance of each family, built once with the run's `runtime`
+settings (or handed in by the composition root), never one per stage call.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
+from conveyor.runtime.settings import RuntimeSettings
 from conveyor.tasks.family import TaskFamily, get_family
 from conveyor.types import Status, Task, Trajectory
 
@@ -34,12 +36,18 @@ class AgentStages:
         sampling: SamplingConfig,
         *,
         rollout_timeout_s: float,
+        families: Mapping[str, TaskFamily] | None = None,
+        runtime: RuntimeSettings | None = None,
     ) -> None:
+        """`families`: the run's families by name (`tasks.family.build_families`); a task of
+        another family gets one built on first use with the `runtime` settings."""
         self.client = client
         self.agent = agent
         self.sampling = sampling
         self.rollout_timeout_s = rollout_timeout_s
+        self.runtime = runtime if runtime is not None else RuntimeSettings()
         self._make_renderer = make_renderer
+        self._families: dict[str, TaskFamily] = dict(families or {})
         self._loops: dict[str, AgentLoop] = {}
 
     @classmethod
@@ -49,8 +57,12 @@ class AgentStages:
         client: SamplingClient,
         tokenizer: Any,
         sampling: SamplingConfig | None = None,
+        *,
+        families: Mapping[str, TaskFamily] | None = None,
+        runtime: RuntimeSettings | None = None,
     ) -> AgentStages:
-        """Stages for a run config: its template, tool format, budgets and sampling."""
+        """Stages for a run config: its template, tool format, budgets and sampling, with the
+        run's families (or ones built with the `runtime` settings)."""
         model = config.model
         template = Path(model.chat_template).read_text() if model.chat_template else None
 
@@ -69,10 +81,20 @@ class AgentStages:
             config.agent,
             sampling or config.sampling,
             rollout_timeout_s=config.agent.rollout_timeout_s,
+            families=families,
+            runtime=runtime,
         )
 
+    def family(self, name: str) -> TaskFamily:
+        """The run's instance of family `name`, built once on first use if not handed in."""
+        family = self._families.get(name)
+        if family is None:
+            family = get_family(name, self.runtime)
+            self._families[name] = family
+        return family
+
     def _family(self, task: Task) -> TaskFamily:
-        return get_family(task.family)
+        return self.family(task.family)
 
     def loop_for(self, task: Task) -> AgentLoop:
         """One loop (renderer + tools) per family, built on first use."""

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conveyor.dispatch import DispatchSettings, make_dispatcher
-from conveyor.dispatch.executors import AsyncioExecutor, Executor
+from conveyor.dispatch.executors import AsyncioExecutor, Executor, make_executor
+from conveyor.registry import UnknownName
 from conveyor.runtime.base import Runtime
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
@@ -97,6 +98,12 @@ class _WhereStages:
         )
 
 
+def _worker_path(here: str) -> str:
+    """PYTHONPATH for Ray workers: this folder, then the driver's own (which may put a checkout's
+    sources before the installed package)."""
+    return os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+
+
 @pytest.mark.slow
 def test_ray_executor_matches_asyncio() -> None:
     ray = pytest.importorskip("ray")
@@ -108,7 +115,7 @@ def test_ray_executor_matches_asyncio() -> None:
         resources={"sandbox": 6},
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": here}},
+        runtime_env={"env_vars": {"PYTHONPATH": _worker_path(here)}},
     )
     try:
         seed = 4
@@ -203,7 +210,7 @@ def test_ray_executor_on_a_simulated_two_node_cluster() -> None:
         ray.init(
             address=cluster.address,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": here}},
+            runtime_env={"env_vars": {"PYTHONPATH": _worker_path(here)}},
         )
         cluster.wait_for_nodes()
         seed = 4
@@ -228,3 +235,43 @@ def test_ray_executor_on_a_simulated_two_node_cluster() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_executors_are_chosen_by_name() -> None:
+    """`dispatch.executor` names: `asyncio` runs a dispatch here, `ray` is built without
+    importing Ray (it starts on first use), a typo names the nearest."""
+    executor = make_executor("asyncio")
+    assert isinstance(executor, AsyncioExecutor)
+
+    async def tiny() -> list[Trajectory]:
+        settings = DispatchSettings(strategy="bounded_batch")
+        dispatcher = make_dispatcher(settings, _WhereStages(), executor=executor)
+        return [t async for t in dispatcher.rollouts(SimEnvironment(FAST, 0).tasks(2), 2)]
+
+    done = asyncio.run(tiny())
+    assert [t.error for t in done] == [None] * 4
+    for trajectory in done:  # every stage ran in this process
+        metrics = trajectory.metrics
+        assert metrics["init_pid"] == metrics["reward_pid"] == metrics["driver_pid"] == os.getpid()
+    from conveyor.dispatch.ray_executor import RayExecutor
+
+    assert isinstance(make_executor("ray"), RayExecutor)
+    with pytest.raises(UnknownName, match=r"unknown dispatch executor 'rayy'.*'ray'\?"):
+        make_executor("rayy")
+
+
+@pytest.mark.slow
+def test_the_executor_named_ray_starts_a_local_ray_that_can_place_its_runtimes() -> None:
+    """No cluster and no `ray.init` before: the executor `ray` starts a local Ray that offers
+    the `sandbox` resource its actors ask for (else they would wait forever), and a dispatch
+    on it ends exactly as on asyncio."""
+    ray = pytest.importorskip("ray")
+    from conveyor.dispatch.ray_executor import LOCAL_RESOURCE_UNITS
+
+    assert not ray.is_initialized()
+    try:
+        remote = asyncio.run(_statuses(make_executor("ray"), seed=4))
+        assert ray.cluster_resources().get("sandbox") == LOCAL_RESOURCE_UNITS
+    finally:
+        ray.shutdown()
+    assert remote == asyncio.run(_statuses(make_executor("asyncio"), seed=4))

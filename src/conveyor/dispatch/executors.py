@@ -1,10 +1,15 @@
-"""Where the stages run: in this process (asyncio) or in Ray actors (`ray_executor`)."""
+"""Where the stages run: in this process (asyncio) or in Ray actors (`ray_executor`).
+
+Executors are named in `conveyor.registry.EXECUTORS` (`dispatch.executor` in config);
+`make_executor(name)` builds the one a config names.
+"""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from conveyor.dispatch.stages import RolloutStages
+from conveyor.registry import EXECUTORS
 
 
 class Executor(Protocol):
@@ -15,9 +20,15 @@ class Executor(Protocol):
         ...
 
 
+@EXECUTORS.register("asyncio")
 class AsyncioExecutor:
     """The default: every stage runs as a coroutine on the dispatcher's own event loop."""
 
     def place(self, stages: RolloutStages) -> RolloutStages:
         """The stages unchanged."""
         return stages
+
+
+def make_executor(name: str) -> Executor:
+    """The executor registered as `name`, with its defaults; `UnknownName` listing the known."""
+    return EXECUTORS.get(name)()

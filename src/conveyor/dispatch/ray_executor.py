@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.engines.base import EngineError
+from conveyor.registry import EXECUTORS
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.types import Task, Trajectory
 
@@ -175,10 +176,18 @@ class RayFirstTurnStages(RayStages):
         return await self._first.run(task, sample_index, runtime, head=head)
 
 
+# What a local Ray started by the executor offers of each requested resource: enough that
+# placement never waits, so the dispatcher's own bound (`max_live_runtimes`) is the only one.
+LOCAL_RESOURCE_UNITS = 1_000_000.0
+
+
+@EXECUTORS.register("ray")
 class RayExecutor:
     """Places every runtime in a Ray actor with `resources` (default `{"sandbox": 1}`).
 
-    Connects to a running Ray (or starts a local one) on first use, unless already initialised.
+    On first use, unless Ray is already initialised: connects to the cluster at `address`, or,
+    without one, starts a local Ray that offers the requested resources (a local Ray has no
+    `sandbox` resource of its own, and actors asking for it would wait forever).
     """
 
     def __init__(
@@ -195,7 +204,13 @@ class RayExecutor:
         """Stages whose runtimes live in Ray actors."""
         ray = _import_ray()
         if not ray.is_initialized():
-            ray.init(address=self.address)
+            if self.address is None:
+                # Ray counts CPUs and GPUs itself and refuses them as custom resources.
+                custom = [name for name in self.resources if name not in ("CPU", "GPU")]
+                local = dict.fromkeys(custom, LOCAL_RESOURCE_UNITS)
+                ray.init(resources=local, include_dashboard=False)
+            else:
+                ray.init(address=self.address)
         options = {"resources": self.resources, "num_cpus": self.num_cpus, "max_restarts": 0}
         if isinstance(stages, FirstTurnStages):
             return RayFirstTurnStages(stages, options)

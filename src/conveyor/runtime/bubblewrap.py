@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import (
     MARKER_ENV,
@@ -35,6 +36,8 @@ from conveyor.runtime.limits import (
     prlimit_argv,
     run_limited,
 )
+from conveyor.runtime.selection import RuntimeRequest
+from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 WORKSPACE_PATH = "/workspace"
@@ -189,6 +192,19 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
     def _kill_leftovers(self) -> None:
         # Each PID namespace already ends with its command; this catches commands still running.
         kill_marked(self.sandbox_id)
+
+
+@RUNTIMES.register("bubblewrap")
+def build_bubblewrap(request: RuntimeRequest, settings: RuntimeSettings) -> BubblewrapRuntime:
+    """`runtime.kind: bubblewrap`: a sandbox per command over the request's workspace."""
+    runtime = BubblewrapRuntime(
+        request.host_workspace("bubblewrap"),
+        env_dir=request.env_dir,
+        limits=request.limits,
+        extra_ro_binds=request.read_only,
+    )
+    runtime.extra_env.update(request.env_at(runtime.root))
+    return runtime
 
 
 @functools.cache

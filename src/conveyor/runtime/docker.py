@@ -15,11 +15,14 @@ import functools
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import SandboxLimits, run_limited
+from conveyor.runtime.selection import RuntimeRequest
+from conveyor.runtime.settings import RuntimeSettings
 
 _OUTSIDE, _MISSING, _IS_DIR, _NOT_DIR = 77, 66, 65, 64
 # $1: path, $2: root. Prints the resolved path or exits with one of the codes above.
@@ -45,6 +48,7 @@ def container_spec(
     workdir: str = "/testbed",
     workspace: Path | None = None,
     env_dir: Path | None = None,
+    extra_ro_binds: Sequence[Path] = (),
     user: str | None = None,
     cpus: float = 1.0,
     env: Mapping[str, str] | None = None,
@@ -53,8 +57,8 @@ def container_spec(
     """The `docker run -d ...` argv of a rollout's container (it idles until `docker rm -f`).
 
     `workspace`, if given, is mounted read-write at `workdir` (else the image's own copy is
-    used); `env_dir` is mounted read-only at its own path. `user` is `uid[:gid]` or a name known
-    to the image; `None` keeps the image's user.
+    used); `env_dir` and `extra_ro_binds` are mounted read-only at their own paths. `user` is
+    `uid[:gid]` or a name known to the image; `None` keeps the image's user.
     """
     argv = [docker, "run", "-d", "--name", name, "--label", "conveyor.sandbox=1"]
     argv += ["--network", "none", "--workdir", workdir, "--init"]
@@ -70,8 +74,8 @@ def container_spec(
         argv += ["--user", user]
     if workspace is not None:
         argv += ["--mount", f"type=bind,source={Path(workspace).resolve()},target={workdir}"]
-    if env_dir is not None:
-        source = Path(env_dir).resolve()
+    for folder in [*([env_dir] if env_dir is not None else []), *extra_ro_binds]:
+        source = Path(folder).resolve()
         argv += ["--mount", f"type=bind,source={source},target={source},readonly"]
     for key, value in sorted((env or {}).items()):
         argv += ["--env", f"{key}={value}"]
@@ -110,6 +114,7 @@ class DockerRuntime:
         workdir: str = "/testbed",
         workspace: Path | None = None,
         env_dir: Path | None = None,
+        extra_ro_binds: Sequence[Path] = (),
         user: str | None = None,
         cpus: float = 1.0,
         env: Mapping[str, str] | None = None,
@@ -127,6 +132,7 @@ class DockerRuntime:
             workdir=workdir,
             workspace=workspace,
             env_dir=env_dir,
+            extra_ro_binds=extra_ro_binds,
             user=user,
             cpus=cpus,
             env=env,
@@ -217,3 +223,27 @@ class DockerRuntime:
             raise RuntimeFailure("docker runtime is closed")
         if not self._started:
             raise RuntimeFailure("docker runtime was never started")
+
+
+DOCKER_WORKDIR = "/workspace"
+
+
+@RUNTIMES.register("docker")
+def build_docker(request: RuntimeRequest, settings: RuntimeSettings) -> DockerRuntime:
+    """`runtime.kind: docker`: a container of `runtime.docker_image` with the request's
+    workspace mounted at /workspace, its commands run as the workspace's owner (the container
+    has no capabilities, so another user could not write it)."""
+    if not settings.docker_image:
+        raise ValueError("runtime.kind 'docker' needs runtime.docker_image (the image to run)")
+    workspace = request.host_workspace("docker")
+    owner = workspace.stat()
+    return DockerRuntime(
+        settings.docker_image,
+        limits=request.limits,
+        workdir=DOCKER_WORKDIR,
+        workspace=workspace,
+        env_dir=request.env_dir,
+        extra_ro_binds=request.read_only,
+        user=f"{owner.st_uid}:{owner.st_gid}",
+        env=request.env_at(DOCKER_WORKDIR),
+    )

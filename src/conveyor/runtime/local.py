@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import (
     MARKER_ENV,
@@ -26,6 +27,8 @@ from conveyor.runtime.limits import (
     prlimit_argv,
     run_limited,
 )
+from conveyor.runtime.selection import RuntimeRequest
+from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,15 @@ class LocalRuntime(HostWorkspaceRuntime):
 
     def _kill_leftovers(self) -> None:
         kill_marked(self.sandbox_id)
+
+
+@RUNTIMES.register("local")
+def build_local(request: RuntimeRequest, settings: RuntimeSettings) -> LocalRuntime:
+    """`runtime.kind: local`: plain subprocesses in the request's workspace (no isolation;
+    the read-only folders are simply there, at their host paths)."""
+    runtime = LocalRuntime(request.host_workspace("local"), limits=request.limits)
+    runtime.extra_env.update(request.env_at(runtime.root))
+    return runtime
 
 
 def _warn_once() -> None:

@@ -11,7 +11,10 @@ import posixpath
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
+from conveyor.runtime.selection import RuntimeRequest
+from conveyor.runtime.settings import RuntimeSettings
 
 ExecHandler = Callable[[str, float], Awaitable[ExecResult]]
 
@@ -206,3 +209,11 @@ class SimulatedRuntime:
         except PermissionError:
             return ExecResult(exit_code=2, stderr=f"ls: cannot open '{path}': Permission denied\n")
         return ExecResult(exit_code=0, stdout="".join(entry + "\n" for entry in entries))
+
+
+@RUNTIMES.register("simulated")
+def build_simulated(request: RuntimeRequest, settings: RuntimeSettings) -> SimulatedRuntime:
+    """`runtime.kind: simulated`: an in-memory runtime holding the request's files."""
+    if request.files is None:
+        raise ValueError("runtime kind 'simulated' holds an in-memory file tree, not a host folder")
+    return SimulatedRuntime(request.files)

@@ -211,58 +211,6 @@ def overlay_available(root: Path) -> bool:
         shutil.rmtree(probe, ignore_errors=True)
 
 
-class WorkspacePool:
-    """Makes workspaces under one root, sweeps stale ones at start and removes its own on close
-    (`make_workspace`'s arguments, for every workspace)."""
-
-    def __init__(
-        self,
-        root: Path,
-        *,
-        method: WorkspaceMethod = "auto",
-        owner: tuple[int, int] | Literal["default"] | None = "default",
-        size_bytes: int | None = None,
-    ):
-        self.root = Path(root)
-        self.method: WorkspaceMethod = method
-        self.owner = owner
-        self.size_bytes = size_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.swept = sweep_stale(self.root)
-        self._live: list[Workspace] = []
-
-    def create(self, template: Path) -> Workspace:
-        """A new workspace from `template`, removed at the latest when the pool closes."""
-        workspace = make_workspace(
-            template, self.root, method=self.method, owner=self.owner, size_bytes=self.size_bytes
-        )
-        self._live = [w for w in self._live if not w.removed]
-        self._live.append(workspace)
-        return workspace
-
-    @property
-    def live(self) -> int:
-        """How many of this pool's workspaces still exist."""
-        return sum(not w.removed for w in self._live)
-
-    def close(self) -> None:
-        """Remove every workspace this pool made."""
-        for workspace in self._live:
-            workspace.remove()
-        self._live = []
-
-    def __enter__(self) -> WorkspacePool:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
 def time_methods(template: Path, root: Path, *, repeats: int = 5) -> dict[str, float]:
     """Median seconds to make (not remove) one workspace, per method that applies to `template`.
 

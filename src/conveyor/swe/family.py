@@ -5,16 +5,16 @@ default every `*.jsonl` under `<swe_home>/tasks` (where `conveyor tasks build --
 in the docs' examples). An instance's split is a hash of its `instance_id` (`split_of`), so no
 seed moves a task between splits.
 
-Per rollout (`make_runtime`): an overlay workspace of the task's starting state, a
-`BubblewrapRuntime` over it with the project's test venv mounted read-only, and the task's code
-index (built once per starting state, shared, cached on disk) attached to the runtime for the
-`search_code` tool. `score` grades the workspace's diff with `grading.grade`; `oracle_calls`
+Per rollout (`make_runtime`): an overlay workspace of the task's starting state, a runtime of
+`runtime.kind` over it (bubblewrap by default; local or docker) with the project's test venv
+mounted read-only, and the task's code index (built once per starting state, shared, cached on
+disk) attached to the runtime for the `search_code` tool. The blocking set-up runs on the
+`init` CPU pool. `score` grades the workspace's diff with `grading.grade`; `oracle_calls`
 applies the gold patch through `str_replace_editor` edits, then finishes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from pathlib import Path
@@ -24,9 +24,11 @@ from conveyor.agent.codesearch.index import CodeIndex, IndexCache
 from conveyor.agent.codesearch.tool import search_code
 from conveyor.agent.swe_tools import make_bash_tool, str_replace_editor
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
-from conveyor.runtime.base import Runtime
-from conveyor.runtime.bubblewrap import BubblewrapRuntime
-from conveyor.runtime.workspace import Workspace, make_workspace
+from conveyor.runtime.base import ExecResult, Runtime
+from conveyor.runtime.cpu_pools import run_in_pool
+from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime
+from conveyor.runtime.settings import RuntimeSettings
+from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.grading import (
@@ -45,6 +47,8 @@ from conveyor.types import Task, ToolCall
 TASKS_ENV = "CONVEYOR_SWE_TASKS"
 BASH_TIMEOUT_S = 60.0
 SWE_INDEXES = IndexCache(max_entries=16)
+# Workspace roots swept of what crashed processes left, once per process.
+_SWEPT_ROOTS: set[Path] = set()
 
 SYSTEM_PROMPT = (
     "You are a software engineer fixing an issue in the Python repository at /workspace. "
@@ -64,24 +68,56 @@ def task_files() -> list[Path]:
     return sorted((swe_home() / "tasks").glob("*.jsonl"))
 
 
-class SweRuntime(BubblewrapRuntime):
-    """A bubblewrap runtime over a task workspace it owns (removed on close), with the task's
-    test venv and code index."""
+class SweRuntime:
+    """A rollout's runtime over a task workspace it owns (removed on close), with the task's
+    row and code index. The commands run in `inner`, a runtime of the configured kind."""
 
-    def __init__(self, workspace: Workspace, row: SweRow) -> None:
-        env = row_environment(row)
-        metadata = row_metadata(row)
-        mounts = [metadata] if metadata is not None else []
-        super().__init__(workspace.path, env_dir=env.path, extra_ro_binds=mounts)
-        self.extra_env.update(test_env_vars(env, self.root, row.env.pythonpath, metadata))
+    def __init__(self, inner: Runtime, workspace: Workspace, row: SweRow) -> None:
+        self.inner = inner
         self.task_workspace = workspace
         self.row = row
         self.code_index: CodeIndex | None = None
 
+    @property
+    def workspace(self) -> Path:
+        """The host folder the rollout's edits land in (what the grader diffs)."""
+        return self.task_workspace.path
+
+    @property
+    def root(self) -> str:
+        """Where commands see the workspace (`/workspace` in a sandbox)."""
+        return str(getattr(self.inner, "root", "/workspace"))
+
+    async def start(self) -> None:
+        """Start the inner runtime."""
+        await self.inner.start()
+
+    async def exec(self, command: str, timeout_s: float) -> ExecResult:
+        """Run `command` in the inner runtime."""
+        return await self.inner.exec(command, timeout_s)
+
+    async def read_file(self, path: str) -> str:
+        """Read a file of the workspace."""
+        return await self.inner.read_file(path)
+
+    async def write_file(self, path: str, content: str) -> None:
+        """Write a file of the workspace."""
+        await self.inner.write_file(path, content)
+
+    async def list_dir(self, path: str) -> list[str]:
+        """List a folder of the workspace."""
+        return await self.inner.list_dir(path)
+
+    def alive(self) -> bool:
+        """Whether the inner runtime is usable."""
+        return self.inner.alive()
+
     async def close(self) -> None:
-        """Close the sandbox, then remove the workspace."""
-        await super().close()
-        await asyncio.to_thread(self.task_workspace.remove)
+        """Close the inner runtime, then remove the workspace."""
+        try:
+            await self.inner.close()
+        finally:
+            await run_in_pool("init", self.task_workspace.remove)
 
 
 @tool(name="search_code", timeout_s=120)
@@ -110,6 +146,9 @@ class SweFamily:
     """SWE tasks from factory (or user-supplied `pypi:`) rows; see the module doc."""
 
     name = "swe"
+    # The kinds a rollout can run in (the first is auto's): a workspace on this host, with
+    # commands sandboxed, plain or in a container.
+    runtimes: tuple[str, ...] = ("bubblewrap", "local", "docker")
     grading = GradingOptions()
     # Workspace copy, patch application and sandbox start around the graded test run (seconds).
     grading_setup_s = 60.0
@@ -121,6 +160,10 @@ class SweFamily:
         return self.grading.run_timeout_s + self.grading_setup_s
 
     hint_policy = SweHintPolicy
+
+    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeSettings()
+        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def rows(self) -> list[SweRow]:
         """Every row of the configured files, in file order."""
@@ -163,14 +206,26 @@ class SweFamily:
         )
 
     async def make_runtime(self, task: Task) -> Runtime:
-        """A started sandbox over a fresh workspace of the task, its code index attached."""
+        """A started runtime over a fresh workspace of the task, its code index attached."""
         row = SweRow.model_validate(task.data["row"])
-        template = await asyncio.to_thread(row_template, row)
-        workspace = await asyncio.to_thread(make_workspace, template, swe_home() / "workspaces")
-        runtime = SweRuntime(workspace, row)
+        template = await run_in_pool("init", row_template, row)
+        workspace = await run_in_pool(
+            "init",
+            make_workspace,
+            template,
+            await _workspace_root(),
+            size_bytes=self.runtime.workspace_size_bytes,
+        )
+        try:
+            request = await run_in_pool("init", _runtime_request, row, workspace)
+            inner = build_runtime(self.runtime_kind, request, self.runtime)
+        except BaseException:
+            await run_in_pool("init", workspace.remove)
+            raise
+        runtime = SweRuntime(inner, workspace, row)
         try:
             await runtime.start()
-            runtime.code_index = await asyncio.to_thread(SWE_INDEXES.get, template)
+            runtime.code_index = await run_in_pool("init", SWE_INDEXES.get, template)
         except BaseException:
             await runtime.close()
             raise
@@ -192,6 +247,33 @@ class SweFamily:
             *gold_edits(row, row_template(row)),
             ToolCall(name="finish", arguments={"answer": "Fixed the bug (gold patch applied)."}),
         ]
+
+
+async def _workspace_root() -> Path:
+    """Where rollout workspaces go; on first use in this process, workspaces whose creating
+    process died (a crash, a kill) are removed, so they cannot pile up on the disk."""
+    root = swe_home() / "workspaces"
+    if root not in _SWEPT_ROOTS:
+        _SWEPT_ROOTS.add(root)
+        await run_in_pool("init", sweep_stale, root)
+    return root
+
+
+def _runtime_request(row: SweRow, workspace: Workspace) -> RuntimeRequest:
+    """The workspace with the row's test venv and project metadata mounted read-only, and the
+    variables that make the agent's shell use them."""
+    env = row_environment(row)
+    metadata = row_metadata(row)
+
+    def env_at(root: str) -> dict[str, str]:
+        return test_env_vars(env, root, row.env.pythonpath, metadata)
+
+    return RuntimeRequest(
+        workspace=workspace.path,
+        env_dir=env.path,
+        read_only=[metadata] if metadata is not None else [],
+        env_at=env_at,
+    )
 
 
 def gold_edits(row: SweRow, template: Path, root: str = "/workspace") -> list[ToolCall]:

@@ -17,12 +17,12 @@
 5. resolved iff the run is valid and every F2P and P2P test really passed (`strict`; the
    `swebench` semantics also count xfailed, as SWE-bench's report does). Optional partial
    credit: the share of F2P tests passing, if all P2P tests pass.
-The threat model behind these steps is in docs/sandbox.md.
+The blocking copies, patches and diffs run on the `reward` CPU pool (`runtime.cpu_pools`). The
+threat model behind these steps is in docs/sandbox.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 
 from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
+from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.workspace import make_workspace
@@ -299,18 +300,18 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     """Grade `patch` (a diff against the row's starting state) from scratch; see module doc."""
     options = options or GradingOptions()
     start = time.monotonic()
-    template = await asyncio.to_thread(row_template, row)
-    env = await asyncio.to_thread(row_environment, row)
-    metadata = await asyncio.to_thread(row_metadata, row)
-    packages = await asyncio.to_thread(package_dirs, template)
+    template = await run_in_pool("reward", row_template, row)
+    env = await run_in_pool("reward", row_environment, row)
+    metadata = await run_in_pool("reward", row_metadata, row)
+    packages = await run_in_pool("reward", package_dirs, template)
     own = project_modules(template / row.env.pythonpath)
     guarded = guard_patch(patch, set(env.top_level_modules) - own, packages)
     base = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
     base |= dict(p2p_total=len(row.PASS_TO_PASS), dropped_paths=guarded.dropped)
-    workspace = await asyncio.to_thread(make_workspace, template, swe_home() / "workspaces")
+    workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
     try:
         try:
-            await asyncio.to_thread(apply_patch, workspace.path, guarded.kept)
+            await run_in_pool("reward", apply_patch, workspace.path, guarded.kept)
         except PatchError as exc:
             return GradeReport(
                 **base,
@@ -322,11 +323,11 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
                 error=f"patch did not apply: {exc}",
             )
         try:
-            await asyncio.to_thread(apply_patch, workspace.path, row.test_patch)
+            await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
         except PatchError:
             # Broken task, or (for a test patch touching library files) the policy's edit: the
             # pristine starting state tells which.
-            await asyncio.to_thread(_check_test_patch, row, template)
+            await run_in_pool("reward", _check_test_patch, row, template)
             return GradeReport(
                 **base,
                 resolved=False,
@@ -348,7 +349,7 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
             metadata=metadata,
         )
     finally:
-        await asyncio.to_thread(workspace.remove)
+        await run_in_pool("reward", workspace.remove)
     resolved, f2p, p2p, reward, failing = score_run(
         row, run, partial_credit=options.partial_credit, semantics=options.semantics
     )
@@ -381,5 +382,5 @@ async def grade_runtime(
     workspace = getattr(runtime, "workspace", None)
     if not isinstance(workspace, Path):
         raise TypeError("grading needs a runtime over a host workspace folder (`.workspace`)")
-    patch = await asyncio.to_thread(workspace_patch, row, workspace)
+    patch = await run_in_pool("reward", workspace_patch, row, workspace)
     return await grade(row, patch, options)

@@ -162,11 +162,6 @@ def _section_path(section: list[str]) -> str | None:
     return new or old
 
 
-def patch_paths(patch: str) -> list[str]:
-    """The files a patch touches."""
-    return [part.path for part in split_patch(patch)]
-
-
 def apply_patch(root: Path, patch: str) -> None:
     """Apply `patch` to the folder `root` with `git apply`; `PatchError` if any hunk fails.
 

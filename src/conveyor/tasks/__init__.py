@@ -7,6 +7,7 @@ from conveyor.tasks.arithmetic import ArithmeticFamily
 from conveyor.tasks.family import (
     SPLIT_SHARES,
     TaskFamily,
+    build_families,
     get_family,
     register_family,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "ArithmeticFamily",
     "FileNavFamily",
     "TaskFamily",
+    "build_families",
     "get_family",
     "register_family",
 ]

@@ -19,7 +19,8 @@ from conveyor.agent.codesearch.scan import parse_expression
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish, tool
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.simulated import SimulatedRuntime
+from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.settings import RuntimeSettings
 from conveyor.tasks.family import register_family, sample_instances, task_id
 from conveyor.types import Task, ToolCall
 
@@ -283,6 +284,11 @@ class ArithmeticFamily:
     """
 
     name = "arithmetic"
+    runtimes: tuple[str, ...] = ("simulated",)
+
+    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeSettings()
+        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct problems of `split`, deterministic in (n, seed, split)."""
@@ -312,9 +318,8 @@ class ArithmeticFamily:
 
     async def make_runtime(self, task: Task) -> Runtime:
         """An empty started runtime: the calculator needs no environment."""
-        runtime = SimulatedRuntime()
-        await runtime.start()
-        return runtime
+        request = RuntimeRequest(files={})
+        return await start_runtime(self.runtime_kind, request, self.runtime)
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         """1.0 if the last number in `answer` equals the expected integer."""

@@ -2,7 +2,8 @@
 
 A family generates task instances and everything a rollout of one needs: its tools, a started
 runtime, a scorer and an oracle. Config files name families; `@register_family` registers a class in
-`conveyor.registry.FAMILIES`.
+`conveyor.registry.FAMILIES`. A family is built once per run with the `runtime` settings
+(`Family(runtime=RuntimeSettings(...))`) and refuses then a `runtime.kind` it cannot use.
 
 Splits never overlap: which split an instance belongs to is a function of its content (a hash of
 its canonical key), not of the seed, so no seed can put an evaluation instance into training.
@@ -11,13 +12,15 @@ its canonical key), not of the seed, so no seed can put an evaluation instance i
 from __future__ import annotations
 
 import hashlib
+import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from conveyor.agent.tools import ToolRegistry
 from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
+from conveyor.runtime.settings import AUTO, RuntimeSettings
 from conveyor.types import Task, ToolCall
 
 T = TypeVar("T")
@@ -66,9 +69,39 @@ def register_family(cls: type[F]) -> type[F]:
     return FAMILIES.register()(cls)
 
 
-def get_family(name: str) -> TaskFamily:
-    """A new instance of the family registered as `name`; `UnknownName` naming the known ones."""
-    return FAMILIES.get(name)()
+def get_family(name: str, runtime: RuntimeSettings | None = None) -> TaskFamily:
+    """A new instance of the family registered as `name`, built with the `runtime` settings.
+
+    `UnknownName` naming the known families; `ValueError` when the family cannot use
+    `runtime.kind`. A family whose constructor takes no `runtime` runs only with `auto`.
+    """
+    factory = FAMILIES.get(name)
+    settings = runtime if runtime is not None else RuntimeSettings()
+    if _takes_runtime(factory):
+        return factory(runtime=settings)
+    if settings.kind != AUTO:
+        raise ValueError(
+            f"task family {name!r} takes no runtime settings, so runtime.kind must be 'auto', "
+            f"not {settings.kind!r}"
+        )
+    return factory()
+
+
+def build_families(
+    names: Iterable[str], runtime: RuntimeSettings | None = None
+) -> dict[str, TaskFamily]:
+    """One instance of each named family with the same runtime settings (what a run holds)."""
+    return {name: get_family(name, runtime) for name in dict.fromkeys(names)}
+
+
+def _takes_runtime(factory: Callable[..., object]) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: assume the protocol
+        return True
+    return "runtime" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
 
 
 def split_of(key: str) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.runtime.base import Runtime, RuntimeFailure
+from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks.family import register_family, sample_instances, task_id
 from conveyor.types import Task, ToolCall
@@ -247,6 +249,11 @@ class FileNavFamily:
     """
 
     name = "filenav"
+    runtimes: tuple[str, ...] = ("simulated",)
+
+    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeSettings()
+        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct trees and questions of `split`, deterministic in (n, seed, split)."""
@@ -275,10 +282,9 @@ class FileNavFamily:
         return ToolRegistry([list_dir, read_file, finish])
 
     async def make_runtime(self, task: Task) -> Runtime:
-        """A started simulated runtime holding the task's tree."""
-        runtime = SimulatedRuntime(task.data["files"])
-        await runtime.start()
-        return runtime
+        """A started runtime holding the task's tree."""
+        request = RuntimeRequest(files=task.data["files"])
+        return await start_runtime(self.runtime_kind, request, self.runtime)
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         """1.0 if `answer` is the fact, or holds it as a whole token and no distractor."""
