@@ -17,10 +17,9 @@ from typing import Any
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.hints import HintPolicy
 from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
-from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
+from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.tasks.family import TaskFamily, get_family
 from conveyor.types import Status, Task, Trajectory
 
@@ -37,7 +36,7 @@ class AgentStages:
         *,
         rollout_timeout_s: float,
         families: Mapping[str, TaskFamily] | None = None,
-        runtime: RuntimeSettings | None = None,
+        runtime: RuntimeConfig | None = None,
     ) -> None:
         """`families`: the run's families by name (`tasks.family.build_families`); a task of
         another family gets one built on first use with the `runtime` settings."""
@@ -45,7 +44,7 @@ class AgentStages:
         self.agent = agent
         self.sampling = sampling
         self.rollout_timeout_s = rollout_timeout_s
-        self.runtime = runtime if runtime is not None else RuntimeSettings()
+        self.runtime = runtime if runtime is not None else RuntimeConfig()
         self._make_renderer = make_renderer
         self._families: dict[str, TaskFamily] = dict(families or {})
         self._loops: dict[str, AgentLoop] = {}
@@ -59,7 +58,7 @@ class AgentStages:
         sampling: SamplingConfig | None = None,
         *,
         families: Mapping[str, TaskFamily] | None = None,
-        runtime: RuntimeSettings | None = None,
+        runtime: RuntimeConfig | None = None,
     ) -> AgentStages:
         """Stages for a run config: its template, tool format, budgets and sampling, with the
         run's families (or ones built with the `runtime` settings)."""
@@ -82,7 +81,7 @@ class AgentStages:
             sampling or config.sampling,
             rollout_timeout_s=config.agent.rollout_timeout_s,
             families=families,
-            runtime=runtime,
+            runtime=runtime if runtime is not None else config.runtime,
         )
 
     def family(self, name: str) -> TaskFamily:

@@ -17,12 +17,12 @@ import pytest
 from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
+from conveyor.config import RuntimeConfig
 from conveyor.runtime import docker as docker_module
 from conveyor.runtime import local as local_module
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.docker import DockerRuntime
 from conveyor.runtime.local import LocalRuntime
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.swe import family as family_module
 from conveyor.swe import grading as grading_module
 from conveyor.swe.family import SweFamily, SweRuntime, gold_edits
@@ -34,14 +34,14 @@ needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=WHY)
 
 
 def _swe(kind: str, **settings: Any) -> SweFamily:
-    family = get_family("swe", RuntimeSettings(kind=kind, **settings))
+    family = get_family("swe", RuntimeConfig(kind=kind, **settings))
     assert isinstance(family, SweFamily)
     return family
 
 
 def test_swe_family_refuses_at_start_a_runtime_kind_it_cannot_use() -> None:
     with pytest.raises(ValueError, match=r"runtime\.kind 'simulated'.*bubblewrap, local, docker"):
-        get_family("swe", RuntimeSettings(kind="simulated"))
+        get_family("swe", RuntimeConfig(kind="simulated"))
     assert _swe("auto").runtime_kind == "bubblewrap"
 
 

@@ -10,12 +10,11 @@ from typing import Any, ClassVar
 import pytest
 
 from conveyor.agent.chat import ChatRenderer
-from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.config import AgentConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.simulated import SimulatedEngine
 from conveyor.registry import FAMILIES, RUNTIMES
 from conveyor.rollout import AgentStages
 from conveyor.runtime.selection import RuntimeRequest
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks import ArithmeticFamily, FileNavFamily
 from conveyor.tasks.family import build_families, get_family
@@ -25,7 +24,7 @@ from conveyor.types import Trajectory
 @pytest.mark.parametrize("name", ["arithmetic", "filenav"])
 @pytest.mark.parametrize("kind", ["auto", "simulated"])
 def test_builtin_families_run_in_the_simulated_runtime(name: str, kind: str) -> None:
-    family = get_family(name, RuntimeSettings(kind=kind))
+    family = get_family(name, RuntimeConfig(kind=kind))
     task = family.make_tasks(1, 0, "eval")[0]
 
     async def files() -> tuple[object, dict[str, str]]:
@@ -45,7 +44,7 @@ def test_a_family_refuses_at_start_a_runtime_kind_it_cannot_use(
     family: type[ArithmeticFamily], kind: str
 ) -> None:
     with pytest.raises(ValueError) as caught:
-        get_family(family.name, RuntimeSettings(kind=kind))
+        get_family(family.name, RuntimeConfig(kind=kind))
     message = str(caught.value)
     assert f"runtime.kind {kind!r}" in message
     assert f"task family {family.name!r}" in message and "supports simulated" in message
@@ -56,7 +55,7 @@ class _Recording:
 
     requests: ClassVar[list[RuntimeRequest]] = []
 
-    def __call__(self, request: RuntimeRequest, settings: RuntimeSettings) -> SimulatedRuntime:
+    def __call__(self, request: RuntimeRequest, settings: RuntimeConfig) -> SimulatedRuntime:
         self.requests.append(request)
         return SimulatedRuntime({**(request.files or {}), "/workspace/marker": settings.kind})
 
@@ -72,7 +71,7 @@ def test_a_runtime_registered_by_a_user_builds_a_family_s_runtimes(
     monkeypatch.setitem(RUNTIMES._parts, "recording", _Recording())
     monkeypatch.setitem(FAMILIES._parts, _RecordingFileNav.name, _RecordingFileNav)
     _Recording.requests = []
-    family = get_family(_RecordingFileNav.name, RuntimeSettings(kind="recording"))
+    family = get_family(_RecordingFileNav.name, RuntimeConfig(kind="recording"))
     task = family.make_tasks(1, 0, "eval")[0]
     runtime = asyncio.run(family.make_runtime(task))
     assert [r.files for r in _Recording.requests] == [task.data["files"]]
@@ -93,22 +92,22 @@ def test_a_family_without_runtime_settings_runs_only_with_auto(
 ) -> None:
     monkeypatch.setitem(FAMILIES._parts, _NoSettings.name, _NoSettings)
     assert isinstance(get_family(_NoSettings.name), _NoSettings)
-    assert isinstance(get_family(_NoSettings.name, RuntimeSettings()), _NoSettings)
+    assert isinstance(get_family(_NoSettings.name, RuntimeConfig()), _NoSettings)
     with pytest.raises(ValueError, match=r"takes no runtime settings.*'auto', not 'simulated'"):
-        get_family(_NoSettings.name, RuntimeSettings(kind="simulated"))
+        get_family(_NoSettings.name, RuntimeConfig(kind="simulated"))
 
 
 def test_build_families_builds_each_named_family_once() -> None:
-    families = build_families(["arithmetic", "filenav", "arithmetic"], RuntimeSettings())
+    families = build_families(["arithmetic", "filenav", "arithmetic"], RuntimeConfig())
     assert list(families) == ["arithmetic", "filenav"]
     assert isinstance(families["filenav"], FileNavFamily)
 
 
 class _Counted(ArithmeticFamily):
     name = "arithmetic_counted"
-    built: ClassVar[list[RuntimeSettings]] = []
+    built: ClassVar[list[RuntimeConfig]] = []
 
-    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
+    def __init__(self, runtime: RuntimeConfig | None = None) -> None:
         super().__init__(runtime)
         self.built.append(self.runtime)
 
@@ -134,7 +133,7 @@ def test_agent_stages_build_each_family_once_with_the_runtime_settings(
 ) -> None:
     monkeypatch.setitem(FAMILIES._parts, _Counted.name, _Counted)
     _Counted.built = []
-    settings = RuntimeSettings(kind="simulated")
+    settings = RuntimeConfig(kind="simulated")
     stages = _stages(runtime=settings)
     task = _Counted().make_tasks(1, 0, "eval")[0]
     _Counted.built = []
@@ -153,7 +152,7 @@ def test_agent_stages_build_each_family_once_with_the_runtime_settings(
 def test_agent_stages_use_the_families_they_are_handed(monkeypatch: pytest.MonkeyPatch) -> None:
     handed = ArithmeticFamily()
 
-    def no_lookup(name: str, runtime: RuntimeSettings | None = None) -> None:
+    def no_lookup(name: str, runtime: RuntimeConfig | None = None) -> None:
         raise AssertionError(f"family {name} looked up again")
 
     monkeypatch.setattr("conveyor.rollout.get_family", no_lookup)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
     from conveyor.rollout import AgentStages
+    from conveyor.tasks.family import TaskFamily
     from conveyor.trainer.engine import TorchTrainingEngine
 
 
@@ -37,7 +38,23 @@ class Composition:
         self._model_dir: Path | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: SamplingClient | None = None
+        self._families: dict[str, TaskFamily] | None = None
         self.engine_start_s = 0.0
+        from conveyor.runtime.cpu_pools import configure_cpu_pools
+
+        # CPU-stage work (workspace copies, grading, index builds) gets threads sized by the
+        # stage pools it serves, not the default pool shared with everything else.
+        configure_cpu_pools(init=config.dispatch.p_init, reward=config.dispatch.p_reward)
+
+    @property
+    def families(self) -> dict[str, TaskFamily]:
+        """One instance of each configured family, built with the `runtime` settings (a family
+        refuses here, at start, a runtime kind it cannot use)."""
+        if self._families is None:
+            from conveyor.tasks.family import build_families
+
+            self._families = build_families(self.config.tasks.families, self.config.runtime)
+        return self._families
 
     @property
     def model_dir(self) -> Path:
@@ -75,7 +92,9 @@ class Composition:
         from conveyor.rollout import AgentStages
 
         client = engine if engine is not None else self.engine
-        return AgentStages.from_config(self.config, client, self.tokenizer, sampling)
+        return AgentStages.from_config(
+            self.config, client, self.tokenizer, sampling, families=self.families
+        )
 
     def dispatcher(
         self,
@@ -96,12 +115,9 @@ class Composition:
     def tasks(self, n: int | None = None, split: str | None = None) -> list[Task]:
         """`n` instances (default `tasks.num_tasks`) of every configured family from `split`
         (default `tasks.split`)."""
-        from conveyor.tasks.family import get_family
-
         spec = self.config.tasks
         out: list[Task] = []
-        for name in spec.families:
-            family = get_family(name)
+        for family in self.families.values():
             out.extend(
                 family.make_tasks(
                     spec.num_tasks if n is None else n,

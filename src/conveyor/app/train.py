@@ -80,7 +80,6 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     """Supervised fine-tuning on oracle traces; returns the exported `sft_model` folder."""
-    from conveyor.tasks.family import get_family
     from conveyor.trainer.backend import TrainBatch
     from conveyor.trainer.jsonl import append_records
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
@@ -89,7 +88,7 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     train = config.rl
     tasks = parts.tasks(train.sft_tasks, "train")
     oracle = OracleEngine(
-        {task.id: get_family(task.family).oracle_calls(task) for task in tasks},
+        {task.id: parts.families[task.family].oracle_calls(task) for task in tasks},
         lambda text: tokenizer.encode(text, add_special_tokens=False),
         tokenizer.eos_token_id,
         config.model.tool_format,

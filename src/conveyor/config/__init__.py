@@ -16,6 +16,7 @@ from conveyor.config.sections import (
     HintsConfig,
     ModelConfig,
     RunConfig,
+    RuntimeConfig,
     SamplingConfig,
     TasksConfig,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "RLConfig",
     "ResolvedConfig",
     "RunConfig",
+    "RuntimeConfig",
     "SamplingConfig",
     "TasksConfig",
     "TrainerConfig",

@@ -12,6 +12,7 @@ from conveyor.config.sections import (
     EngineConfig,
     ModelConfig,
     RunConfig,
+    RuntimeConfig,
     SamplingConfig,
     TasksConfig,
 )
@@ -28,6 +29,9 @@ class ConveyorConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig, description="The agent loop.")
     tasks: TasksConfig = Field(default_factory=TasksConfig, description="The task set.")
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig, description="Scheduling.")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig, description="Where each rollout's tools act."
+    )
     run: RunConfig = Field(default_factory=RunConfig, description="Run outputs.")
     rl: RLConfig = Field(default_factory=RLConfig, description="The RL loop.")
     trainer: TrainerConfig = Field(
@@ -105,7 +109,9 @@ def _reward_budget_s(family_name: str) -> float | None:
     (`reward_budget_s`)."""
     try:
         family = FAMILIES.get(family_name)()
-    except KeyError:
-        return None  # an unknown name is reported by the tasks section's own check
+    except (KeyError, TypeError, ValueError):
+        # an unknown name is reported by the tasks section's own check; a family that cannot
+        # be built with its defaults states no budget here
+        return None
     budget = getattr(family, "reward_budget_s", None)
     return float(budget) if isinstance(budget, int | float) else None

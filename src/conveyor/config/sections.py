@@ -5,7 +5,7 @@ from typing import Literal, Self
 from pydantic import Field, field_validator, model_validator
 
 from conveyor.config.base import Section
-from conveyor.registry import ENGINES, EXECUTORS, FAMILIES, STRATEGIES
+from conveyor.registry import ENGINES, EXECUTORS, FAMILIES, RUNTIMES, STRATEGIES
 
 
 class ModelConfig(Section):
@@ -196,6 +196,44 @@ class TasksConfig(Section):
         for name in families:
             FAMILIES.check(name)
         return families
+
+
+AUTO = "auto"
+
+
+class RuntimeConfig(Section):
+    """Where a rollout's tools act: the runtime kind and what each kind needs."""
+
+    kind: str = Field(
+        default=AUTO,
+        description="Runtime of every rollout: 'auto' (each task family's default: simulated "
+        "for arithmetic and filenav, bubblewrap for swe) or a registered runtime kind "
+        "(simulated, local, bubblewrap, docker, or a plugin's). A family refuses at start a "
+        "kind it cannot use.",
+    )
+    docker_image: str | None = Field(
+        default=None,
+        description="Image of the docker runtime's containers (needed when kind is 'docker'); "
+        "the task's workspace is mounted at /workspace in it.",
+    )
+    workspace_size_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="A disk of its own per SWE rollout workspace: a tmpfs of this size holds "
+        "what the rollout writes, so filling it fills no one else's disk (needs root); None: "
+        "the workspaces share the host disk.",
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        return kind if kind == AUTO else RUNTIMES.check(kind)
+
+    @model_validator(mode="after")
+    def _docker_has_an_image(self) -> Self:
+        if self.kind == "docker" and not self.docker_image:
+            raise ValueError("runtime.kind 'docker' needs runtime.docker_image (the image to run)")
+        return self
 
 
 class DispatchConfig(Section):

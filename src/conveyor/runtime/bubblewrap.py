@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import (
@@ -37,7 +38,6 @@ from conveyor.runtime.limits import (
     run_limited,
 )
 from conveyor.runtime.selection import RuntimeRequest
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 WORKSPACE_PATH = "/workspace"
@@ -195,7 +195,7 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
 
 
 @RUNTIMES.register("bubblewrap")
-def build_bubblewrap(request: RuntimeRequest, settings: RuntimeSettings) -> BubblewrapRuntime:
+def build_bubblewrap(request: RuntimeRequest, settings: RuntimeConfig) -> BubblewrapRuntime:
     """`runtime.kind: bubblewrap`: a sandbox per command over the request's workspace."""
     runtime = BubblewrapRuntime(
         request.host_workspace("bubblewrap"),

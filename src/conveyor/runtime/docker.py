@@ -18,11 +18,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import SandboxLimits, run_limited
 from conveyor.runtime.selection import RuntimeRequest
-from conveyor.runtime.settings import RuntimeSettings
 
 _OUTSIDE, _MISSING, _IS_DIR, _NOT_DIR = 77, 66, 65, 64
 # $1: path, $2: root. Prints the resolved path or exits with one of the codes above.
@@ -229,7 +229,7 @@ DOCKER_WORKDIR = "/workspace"
 
 
 @RUNTIMES.register("docker")
-def build_docker(request: RuntimeRequest, settings: RuntimeSettings) -> DockerRuntime:
+def build_docker(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRuntime:
     """`runtime.kind: docker`: a container of `runtime.docker_image` with the request's
     workspace mounted at /workspace, its commands run as the workspace's owner (the container
     has no capabilities, so another user could not write it)."""

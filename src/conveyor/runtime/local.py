@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.limits import (
@@ -28,7 +29,6 @@ from conveyor.runtime.limits import (
     run_limited,
 )
 from conveyor.runtime.selection import RuntimeRequest
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.workspace_files import HostWorkspaceRuntime, WorkspaceFiles
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class LocalRuntime(HostWorkspaceRuntime):
 
 
 @RUNTIMES.register("local")
-def build_local(request: RuntimeRequest, settings: RuntimeSettings) -> LocalRuntime:
+def build_local(request: RuntimeRequest, settings: RuntimeConfig) -> LocalRuntime:
     """`runtime.kind: local`: plain subprocesses in the request's workspace (no isolation;
     the read-only folders are simply there, at their host paths)."""
     runtime = LocalRuntime(request.host_workspace("local"), limits=request.limits)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.limits import SandboxLimits
-from conveyor.runtime.settings import AUTO, RuntimeSettings
 
 
 def _no_env(root: str) -> dict[str, str]:
@@ -55,12 +55,12 @@ class RuntimeRequest:
 class RuntimeBuilder(Protocol):
     """Makes one rollout's runtime (not yet started) from a request and the runtime settings."""
 
-    def __call__(self, request: RuntimeRequest, settings: RuntimeSettings) -> Runtime:
+    def __call__(self, request: RuntimeRequest, settings: RuntimeConfig) -> Runtime:
         """A runtime over what `request` describes; `ValueError` if this kind cannot hold it."""
         ...
 
 
-def choose_runtime(family: str, settings: RuntimeSettings, supported: Sequence[str]) -> str:
+def choose_runtime(family: str, settings: RuntimeConfig, supported: Sequence[str]) -> str:
     """The runtime kind `family` uses: `settings.kind`, or `supported[0]` for `auto`.
 
     `ValueError` naming `runtime.kind` and the kinds the family supports when it cannot use the
@@ -78,13 +78,13 @@ def choose_runtime(family: str, settings: RuntimeSettings, supported: Sequence[s
     return kind
 
 
-def build_runtime(kind: str, request: RuntimeRequest, settings: RuntimeSettings) -> Runtime:
+def build_runtime(kind: str, request: RuntimeRequest, settings: RuntimeConfig) -> Runtime:
     """A not yet started runtime of `kind` (a name `choose_runtime` returned) for `request`."""
     builder: RuntimeBuilder = RUNTIMES.get(kind)
     return builder(request, settings)
 
 
-async def start_runtime(kind: str, request: RuntimeRequest, settings: RuntimeSettings) -> Runtime:
+async def start_runtime(kind: str, request: RuntimeRequest, settings: RuntimeConfig) -> Runtime:
     """`build_runtime`, started; closed again if it fails to start."""
     runtime = build_runtime(kind, request, settings)
     try:

@@ -11,10 +11,10 @@ import posixpath
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 
+from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.selection import RuntimeRequest
-from conveyor.runtime.settings import RuntimeSettings
 
 ExecHandler = Callable[[str, float], Awaitable[ExecResult]]
 
@@ -212,7 +212,7 @@ class SimulatedRuntime:
 
 
 @RUNTIMES.register("simulated")
-def build_simulated(request: RuntimeRequest, settings: RuntimeSettings) -> SimulatedRuntime:
+def build_simulated(request: RuntimeRequest, settings: RuntimeConfig) -> SimulatedRuntime:
     """`runtime.kind: simulated`: an in-memory runtime holding the request's files."""
     if request.files is None:
         raise ValueError("runtime kind 'simulated' holds an in-memory file tree, not a host folder")

@@ -24,10 +24,10 @@ from conveyor.agent.codesearch.index import CodeIndex, IndexCache
 from conveyor.agent.codesearch.tool import search_code
 from conveyor.agent.swe_tools import make_bash_tool, str_replace_editor
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
+from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
@@ -161,8 +161,8 @@ class SweFamily:
 
     hint_policy = SweHintPolicy
 
-    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeSettings()
+    def __init__(self, runtime: RuntimeConfig | None = None) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeConfig()
         self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def rows(self) -> list[SweRow]:

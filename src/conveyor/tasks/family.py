@@ -3,7 +3,7 @@
 A family generates task instances and everything a rollout of one needs: its tools, a started
 runtime, a scorer and an oracle. Config files name families; `@register_family` registers a class in
 `conveyor.registry.FAMILIES`. A family is built once per run with the `runtime` settings
-(`Family(runtime=RuntimeSettings(...))`) and refuses then a `runtime.kind` it cannot use.
+(`Family(runtime=RuntimeConfig(...))`) and refuses then a `runtime.kind` it cannot use.
 
 Splits never overlap: which split an instance belongs to is a function of its content (a hash of
 its canonical key), not of the seed, so no seed can put an evaluation instance into training.
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar, runtime_checkable
 
 from conveyor.agent.tools import ToolRegistry
+from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.settings import AUTO, RuntimeSettings
 from conveyor.types import Task, ToolCall
 
 T = TypeVar("T")
@@ -69,14 +69,14 @@ def register_family(cls: type[F]) -> type[F]:
     return FAMILIES.register()(cls)
 
 
-def get_family(name: str, runtime: RuntimeSettings | None = None) -> TaskFamily:
+def get_family(name: str, runtime: RuntimeConfig | None = None) -> TaskFamily:
     """A new instance of the family registered as `name`, built with the `runtime` settings.
 
     `UnknownName` naming the known families; `ValueError` when the family cannot use
     `runtime.kind`. A family whose constructor takes no `runtime` runs only with `auto`.
     """
     factory = FAMILIES.get(name)
-    settings = runtime if runtime is not None else RuntimeSettings()
+    settings = runtime if runtime is not None else RuntimeConfig()
     if _takes_runtime(factory):
         return factory(runtime=settings)
     if settings.kind != AUTO:
@@ -88,7 +88,7 @@ def get_family(name: str, runtime: RuntimeSettings | None = None) -> TaskFamily:
 
 
 def build_families(
-    names: Iterable[str], runtime: RuntimeSettings | None = None
+    names: Iterable[str], runtime: RuntimeConfig | None = None
 ) -> dict[str, TaskFamily]:
     """One instance of each named family with the same runtime settings (what a run holds)."""
     return {name: get_family(name, runtime) for name in dict.fromkeys(names)}

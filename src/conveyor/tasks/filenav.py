@@ -19,9 +19,9 @@ from typing import Any
 
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
+from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
-from conveyor.runtime.settings import RuntimeSettings
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks.family import register_family, sample_instances, task_id
 from conveyor.types import Task, ToolCall
@@ -251,8 +251,8 @@ class FileNavFamily:
     name = "filenav"
     runtimes: tuple[str, ...] = ("simulated",)
 
-    def __init__(self, runtime: RuntimeSettings | None = None) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeSettings()
+    def __init__(self, runtime: RuntimeConfig | None = None) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeConfig()
         self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:

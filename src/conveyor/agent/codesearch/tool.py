@@ -8,13 +8,13 @@ stage builds it once per instance) or builds one from the local folder in
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Literal
 
 from conveyor.agent.codesearch.index import CodeIndex, Definition, IndexCache, Match, Reference
 from conveyor.agent.tools import ToolContext, tool
+from conveyor.runtime.cpu_pools import run_in_pool
 
 SearchKind = Literal["auto", "definition", "references", "callers", "text"]
 MAX_HITS = 20
@@ -194,7 +194,8 @@ async def code_index_for(ctx: ToolContext) -> CodeIndex:
             "search_code is not available in this environment: no code index was prepared for "
             "the task and there is no local workspace to index. Use bash (grep -rn) instead."
         )
-    built = await asyncio.to_thread(LAZY_INDEXES.get, Path(root))
+    # a CPU-heavy build: on the init stage's named pool, not the default to_thread pool
+    built = await run_in_pool("init", LAZY_INDEXES.get, Path(root))
     ctx.state["code_index"] = built
     return built
 

@@ -1,0 +1,42 @@
+"""An engine added from outside the package: in-process vLLM that counts its requests.
+
+One file plus a registration of a builder in `conveyor.registry.ENGINES`. It subclasses the
+built-in engine, so it keeps taking weights (a training run can use it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conveyor.config import ConveyorConfig
+from conveyor.engines.base import SampleRequest, SampleResult
+from conveyor.engines.vllm_local import VLLMEngine
+from conveyor.registry import ENGINES
+
+
+class CountingVLLMEngine(VLLMEngine):
+    """`VLLMEngine` that appends one line per request to `$CONVEYOR_PLUGIN_LOG`."""
+
+    async def sample(self, request: SampleRequest) -> SampleResult:
+        """The built-in engine's sample, counted."""
+        log = os.environ.get("CONVEYOR_PLUGIN_LOG")
+        if log:
+            with open(log, "a") as sink:
+                sink.write("engine counting request\n")
+        return await super().sample(request)
+
+
+@ENGINES.register("counting_vllm")
+def build_counting_engine(config: ConveyorConfig, model_dir: Path) -> CountingVLLMEngine:
+    """The `vllm` engine's settings, on the counting subclass."""
+    engine = config.engine
+    return CountingVLLMEngine(
+        model_dir,
+        max_num_seqs=engine.max_num_seqs,
+        max_model_len=config.agent.max_context_tokens,
+        kv_cache_gib=engine.kv_cache_gib,
+        dtype=engine.dtype,
+        seed=config.sampling.sampling_seed or 0,
+        request_timeout_s=engine.request_timeout_s,
+    )

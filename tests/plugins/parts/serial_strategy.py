@@ -1,0 +1,29 @@
+"""A dispatch strategy added from outside the package: one rollout at a time, start to end.
+
+Useful as the slowest honest baseline; it records its runs in `$CONVEYOR_PLUGIN_LOG`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from conveyor.dispatch.base import Dispatcher, RolloutJob
+from conveyor.registry import STRATEGIES
+
+
+@STRATEGIES.register("serial")
+class SerialDispatcher(Dispatcher):
+    """Each rollout's init, run and reward finish before the next rollout is admitted."""
+
+    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        count = 0
+        for job in jobs:
+            await self._admit(job)
+            await self._advance(job)
+            count += 1
+        await self._done.wait()
+        log = os.environ.get("CONVEYOR_PLUGIN_LOG")
+        if log:
+            with open(log, "a") as sink:
+                sink.write(f"strategy serial {count} rollouts\n")
