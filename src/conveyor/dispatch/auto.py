@@ -158,11 +158,11 @@ class AutoDispatcher(PipelineDispatcher):
         self._run_latencies: deque[float] = deque(maxlen=_HISTORY)
         self._cpu_peak = 0.0  # most CPU-stage jobs ever served at once (without queueing)
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
-        self._spawn(self._control())
-        await super()._schedule(jobs)
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        self.spawn(self._control())
+        await super().schedule(jobs)
 
-    def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
+    def stage_done(self, stage: Stage, job: RolloutJob) -> None:
         name = stage.name.lower()
         start, end = job.timings.get(f"{name}_start"), job.timings.get(f"{name}_end")
         if start is not None and end is not None:
@@ -292,7 +292,7 @@ class AutoDispatcher(PipelineDispatcher):
         reward_limit = total - init_limit
         if self._end_phase():
             # the last inits go ahead of the rewards, up to the whole budget on their own
-            inits_left = self._queues[Stage.INIT].qsize() + self.pools[Stage.INIT].in_use
+            inits_left = self.waiting(Stage.INIT) + self.pools[Stage.INIT].in_use
             init_limit = max(init_limit, min(inits_left, total, self._inits_within_timeout()))
         self.pools[Stage.INIT].set_limit(init_limit)
         self.pools[Stage.REWARD].set_limit(reward_limit)
@@ -320,15 +320,14 @@ class AutoDispatcher(PipelineDispatcher):
         if self.admission_done:
             return True
         init_service = self._baseline[Stage.INIT]
-        run_queue = self._queues.get(Stage.RUN)
         if (
-            (run_queue is not None and run_queue.qsize() > 0)
+            self.waiting(Stage.RUN) > 0
             or not self._run_latencies
             or not self._cpu_served
             or not math.isfinite(init_service)
         ):
             return False
-        inits_left = max(0, self._total - self._completed[Stage.INIT])
+        inits_left = max(0, self.total - self._completed[Stage.INIT])
         cpu_time = inits_left * init_service / max(1.0, max(self._cpu_served))
         return cpu_time <= _END_PHASE_RUNS * statistics.median(self._run_latencies)
 
