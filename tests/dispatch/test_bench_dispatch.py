@@ -99,3 +99,27 @@ def _fake_point() -> dict[str, Any]:
         "tight_bound_s": 1.0,
         "bound_terms": {"binding": "cpu"},
     }
+
+
+def test_the_fresh_grader_bound_leaves_the_reward_off_the_runtime_side() -> None:
+    """With one-turn rollouts (nothing charged to a runtime but its stages) and R = 1 the
+    coupled term is the runtime-seconds alone: init + reward when the reward holds the
+    runtime, init only when a fresh-sandbox grader need not."""
+    from conveyor.bench.bound import makespan_bound
+    from conveyor.sim.swe import plan_rollout
+
+    one_turn = TINY.model_copy(update={"turns_min": 1, "turns_max": 1, "max_live_runtimes": 1})
+    bound = makespan_bound(one_turn, 0)
+    plans = [
+        plan_rollout(one_turn, 0, task, sample, 0)
+        for task in range(one_turn.tasks)
+        for sample in range(one_turn.samples_per_task)
+    ]
+    init_s = sum(plan.init_s for plan in plans)
+    reward_s = sum(plan.reward_s for plan in plans)
+    assert bound.runtime_engine_s == pytest.approx(init_s + reward_s, rel=1e-9)
+    assert bound.runtime_engine_fresh_grader_s == pytest.approx(init_s, rel=1e-9)
+    assert (
+        makespan_bound(TINY, 0).runtime_engine_fresh_grader_s
+        < makespan_bound(TINY, 0).runtime_engine_s
+    )
