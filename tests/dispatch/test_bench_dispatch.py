@@ -123,3 +123,11 @@ def test_the_fresh_grader_bound_leaves_the_reward_off_the_runtime_side() -> None
         makespan_bound(TINY, 0).runtime_engine_fresh_grader_s
         < makespan_bound(TINY, 0).runtime_engine_s
     )
+
+
+def test_no_fresh_skips_the_fresh_points() -> None:
+    report = bench.run_bench(
+        seeds=1, processes=1, strategies=("bounded_batch", "auto"), workload=TINY, fresh=False
+    )
+    assert "fresh" not in report and "auto_vs_best_grid_on_fresh" not in report
+    assert set(report["strategies"]) == {"bounded_batch", "auto"}
