@@ -132,6 +132,7 @@ STRATEGIES: Registry[type[Dispatcher]] = Registry(
     {
         "batch": "conveyor.dispatch.batch",
         "bounded_batch": "conveyor.dispatch.bounded_batch",
+        "bounded_batch_overlap": "conveyor.dispatch.bounded_batch_overlap",
         "pipeline": "conveyor.dispatch.pipeline",
         "auto": "conveyor.dispatch.auto",
     },

@@ -164,7 +164,7 @@ def test_unexpected_exceptions_become_infra_errors_not_hangs(strategy: str) -> N
 def test_a_crashing_strategy_raises_instead_of_hanging() -> None:
     @STRATEGIES.register("test-crash")
     class Crash(Dispatcher):
-        async def _schedule(self, jobs: Any) -> None:
+        async def schedule(self, jobs: Any) -> None:
             raise KeyError("scheduler bug")
 
     async def scenario() -> None:

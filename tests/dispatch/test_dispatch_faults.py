@@ -18,7 +18,7 @@ from conveyor.sim.swe import SweSimWorkload, plan_rollout
 from conveyor.sim.virtual_loop import run_virtual
 from conveyor.types import Status, Trajectory
 
-STRATEGIES = ["batch", "bounded_batch", "pipeline", "auto"]
+STRATEGIES = ["batch", "bounded_batch", "bounded_batch_overlap", "pipeline", "auto"]
 FAULTY = SweSimWorkload(
     tasks=12,
     samples_per_task=4,
@@ -139,12 +139,12 @@ def test_a_retry_drops_the_stage_timings_of_the_attempt_before() -> None:
     seen: list[tuple[str, float, float]] = []
 
     class _Recording(AutoDispatcher):
-        def _stage_done(self, stage, job):  # type: ignore[no-untyped-def]
+        def stage_done(self, stage, job):  # type: ignore[no-untyped-def]
             name = stage.name.lower()
             start, end = job.timings.get(f"{name}_start"), job.timings.get(f"{name}_end")
             if start is not None and end is not None:
                 seen.append((name, start, end))
-            super()._stage_done(stage, job)
+            super().stage_done(stage, job)
 
     def make(settings, stages, **kwargs):  # type: ignore[no-untyped-def]
         return _Recording(stages, settings, **kwargs)

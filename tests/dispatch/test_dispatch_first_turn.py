@@ -14,6 +14,7 @@ import pytest
 
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.base import Dispatcher
+from conveyor.registry import STRATEGIES
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
 from conveyor.sim.swe import SweSimWorkload, plan_rollout
@@ -88,6 +89,39 @@ def test_the_papers_baselines_keep_their_stages_sequential(strategy: str) -> Non
     assert not any("head_start" in t.timings for t in out)
 
 
+def test_the_overlap_control_is_registered_and_bounded_by_its_slots() -> None:
+    """`bounded_batch_overlap` is named like any strategy; its first turns live inside the
+    rollout's slot, so the engine never holds more than `max_parallel` of our sessions, and
+    with the overlap the batch ends earlier than plain bounded_batch at the same P."""
+    assert "bounded_batch_overlap" in STRATEGIES.names()
+    assert DispatchSettings(strategy="bounded_batch_overlap").strategy == "bounded_batch_overlap"
+
+    async def scenario(strategy: str) -> tuple[int, float, list[Trajectory]]:
+        engine, env, dispatcher = _make(WORKLOAD, strategy, max_parallel=5)
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, engine.in_flight)
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        out = [t async for t in dispatcher.rollouts(env.tasks(), WORKLOAD.samples_per_task)]
+        makespan = dispatcher.now()
+        watcher.cancel()
+        await engine.close()
+        return peak, makespan, out
+
+    peak, overlapped, out = run_virtual(scenario("bounded_batch_overlap"))
+    _, plain, plain_out = run_virtual(scenario("bounded_batch"))
+    assert len(out) == len(plain_out) == WORKLOAD.trajectories
+    assert all(t.status is Status.OK or t.status is Status.TRUNCATED for t in out)
+    assert all(t.timings["head_start"] == t.timings["init_start"] for t in out)
+    assert 0 < peak <= 5
+    assert overlapped < plain
+
+
 def test_a_failed_init_cancels_its_first_turn() -> None:
     """Every init fails (infra): each first turn is cancelled with its attempt, nothing is left
     on the engine, and every rollout is recorded as `infra_error` after its retries."""
@@ -96,7 +130,7 @@ def test_a_failed_init_cancels_its_first_turn() -> None:
     assert len(out) == broken.trajectories
     assert all(t.status is Status.INFRA_ERROR for t in out)
     assert engine.in_flight == 0 and env.live == 0
-    assert dispatcher.first_turns == 0 and not dispatcher._heads
+    assert dispatcher.first_turns == 0 and not dispatcher._first_turns.generating
     # a failing init ends halfway through its 30 s: the longer first turns were cut there
     whole = sum(
         plan_rollout(broken, 5, task, sample, attempt).turns[0].completion_tokens

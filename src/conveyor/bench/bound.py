@@ -17,23 +17,23 @@ over the token-weighted mean context, capped at `max_num_seqs`.
 
 The four terms are each reachable alone but not together: the engine term needs large batches,
 and every request in a batch holds a live runtime. `runtime_engine_s` is a second, tighter lower
-bound that couples them (derivation in docs/dispatch.md, "The runtime-engine bound"): with b_t the
-batch of the step that decodes token t, d_t that step's time and gamma_t = step_per_seq_s +
-step_per_context_token_s * (context of t),
+bound that couples them (derivation in docs/dispatch.md, "The runtime-engine bound"). A token is
+*charged* if its runtime must be alive while it is decoded: every token after the rollout's
+first tool call (the first turn reads only the prompt, so a schedule may generate it before
+the sandbox exists). With n_t the charged tokens of the step that decodes t and gamma_t =
+step_per_seq_s + step_per_context_token_s * (context of t), summing per decode step (the
+per-token form of the second line is false; its sum over each step's charged tokens holds):
 
-    replicas * T >= base * sum_t 1/b_t + W          (engine busy time; W = the batch-free work)
-    R * T        >= K + sum_t gamma_t * b_t         (runtime-seconds: every token holds its
-                                                     runtime for one step d_t >= base + gamma_t b_t)
+    replicas * T >= base * sum_t 1/n_t + W          (engine busy time; W = the batch-free work)
+    R * T        >= K + sum_t gamma_t * n_t         (runtime-seconds of the charged requests)
 
-where K = init + reward + tool seconds + base * tokens + prefill seconds. Minimising
-sum 1/b_t under sum gamma_t b_t <= B gives (sum_t sqrt(gamma_t))^2 / B, so
-(replicas * T - W) * (R * T - K) >= base * G^2 with G = sum_t sqrt(gamma_t); T is the larger
-root. The KV limit and b_t >= 1 are dropped, so it stays a lower bound.
-
-Only tokens generated after the rollout's first tool call are charged to its runtime (in K and
-G): the first turn needs nothing but the task's prompt, so a schedule could generate it before
-the sandbox exists (none of ours does). The bound therefore holds for that schedule too; every
-later turn reads a tool result, which needs the runtime.
+where the sums run over charged tokens and K = init + reward + tool seconds + base * charged
+tokens + charged prefill seconds. Minimising sum 1/n_t under sum gamma_t n_t <= B gives
+(sum_t sqrt(gamma_t))^2 / B, so (replicas * T - W) * (R * T - K) >= base * G^2 with
+G = sum_t sqrt(gamma_t); T is the larger root. The KV limit and n_t >= 1 are dropped, so it
+stays a lower bound. It assumes the reward holds the rollout's runtime (the dispatcher closes
+it after reward); with a grader that scores in a fresh sandbox it need not, and the bound
+without that assumption, K without the reward seconds, is `runtime_engine_fresh_grader_s`.
 `tight_bound_s` = max(bound_s, runtime_engine_s); `bound_s` keeps the issue's definition.
 """
 
@@ -56,6 +56,7 @@ class MakespanBound:
     longest_s: float
     best_batch: float
     runtime_engine_s: float = 0.0
+    runtime_engine_fresh_grader_s: float = 0.0  # the same, if reward needs no live runtime
 
     @property
     def bound_s(self) -> float:
@@ -117,6 +118,7 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
     prefill = 0
     cpu = 0.0
     fixed = 0.0  # init + reward + tool seconds: runtime time that no batch size shortens
+    reward_s = 0.0
     sqrt_gamma = 0.0
     held_tokens = 0  # tokens generated after the first tool call (the runtime must be alive)
     held_prefill = 0
@@ -152,6 +154,7 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
                 new = turn.observation_tokens
             cpu += plan.init_s + plan.reward_s
             fixed += plan.init_s + plan.reward_s
+            reward_s += plan.reward_s
             lifetimes.append(life)
     steps = max(context_token_sum / w.kv_capacity_tokens, tokens / w.max_num_seqs)
     engine = (
@@ -172,4 +175,5 @@ def makespan_bound(workload: SweSimWorkload, seed: int) -> MakespanBound:
         longest_s=max(lifetimes),
         best_batch=best_batch,
         runtime_engine_s=_runtime_engine_term(w, work, held, sqrt_gamma),
+        runtime_engine_fresh_grader_s=_runtime_engine_term(w, work, held - reward_s, sqrt_gamma),
     )

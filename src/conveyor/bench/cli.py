@@ -14,7 +14,7 @@ import typer
 
 bench_app = typer.Typer(help="Measure the dispatcher (and more) against baselines; JSON out.")
 
-_STRATEGIES = "batch,bounded_batch,pipeline,auto"
+_STRATEGIES = "batch,bounded_batch,bounded_batch_overlap,pipeline,auto"
 
 
 @bench_app.callback()
@@ -29,7 +29,29 @@ def dispatch(
         bool, typer.Option(help="also sweep CPU-stage/generation ratio and R")
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
-    seeds: Annotated[int, typer.Option(min=1, help="seeds per grid point")] = 3,
+    seeds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="seeds reported per point (swe-sim: 0..N-1; grid points are chosen on as many "
+            "other seeds, 1000..; real: --repeats instead)",
+        ),
+    ] = 3,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            help="swe-sim: also judge auto against the best grid point on the points fresh for "
+            "it (FRESH_POINTS)"
+        ),
+    ] = True,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="real workload: rounds over all strategies, each round in a rotated order with "
+            "the caches reset between strategies (>= 3 for a spread)",
+        ),
+    ] = 3,
     out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
     strategies: Annotated[str, typer.Option(help="comma-separated strategies")] = _STRATEGIES,
     tasks: Annotated[int | None, typer.Option(help="smoke runs only: fewer tasks")] = None,
@@ -48,7 +70,7 @@ def dispatch(
 ) -> None:
     """Compare the dispatch strategies; the last line printed is one JSON object."""
     if workload == "real":
-        _real(config, set_ or [], strategies, json_out, out)
+        _real(config, set_ or [], strategies, repeats, json_out, out)
         return
     if workload != "swe-sim":
         raise typer.BadParameter(f"unknown workload {workload!r}; known: swe-sim, real")
@@ -57,7 +79,12 @@ def dispatch(
 
     base = SweSimWorkload() if tasks is None else SweSimWorkload(tasks=tasks)
     report = run_bench(
-        seeds=seeds, sweep=sweep, processes=processes, strategies=_names(strategies), workload=base
+        seeds=seeds,
+        sweep=sweep,
+        processes=processes,
+        strategies=_names(strategies),
+        workload=base,
+        fresh=fresh,
     )
     if timeline is not None:
         report["timeline_dir"] = str(_save_timeline(base, report, timeline))
@@ -91,7 +118,7 @@ def dispatch_scale(
 ) -> None:
     """Wall time of the dispatcher on many simulated rollouts (virtual clock), against
     bounded_batch in the same run; the last line printed is one JSON object."""
-    from conveyor.bench.dispatch import run_scale
+    from conveyor.bench.dispatch_scale import run_scale
 
     _emit(run_scale(trajectories, _names(strategies)), out, None if json_out else _scale_table)
 
@@ -106,7 +133,12 @@ def _scale_table(report: dict[str, Any]) -> None:
 
 
 def _real(
-    config: Path, overrides: list[str], strategies: str, json_out: bool, out: Path | None
+    config: Path,
+    overrides: list[str],
+    strategies: str,
+    repeats: int,
+    json_out: bool,
+    out: Path | None,
 ) -> None:
     import asyncio
 
@@ -114,17 +146,21 @@ def _real(
     from conveyor.config import load_config
 
     resolved = load_config(config, overrides)
-    report = asyncio.run(run_real(resolved.config, _names(strategies)))
+    report = asyncio.run(run_real(resolved.config, _names(strategies), repeats=repeats))
     _emit(report, out, None if json_out else _real_table)
 
 
 def _real_table(report: dict[str, Any]) -> None:
     for name, s in report["strategies"].items():
+        makespan = s["makespan_s"]
         print(
-            f"{name:<14} makespan {s['makespan_s']:7.1f}s  util {s['engine_utilisation']:.2f}"
-            f"  first group {s['first_group_fraction']:.2f}  reward {s['mean_reward']:.2f}"
+            f"{name:<22} makespan {makespan['mean']:7.1f}s [{makespan['min']:.1f}-"
+            f"{makespan['max']:.1f}] x{s['runs']}  util {s['engine_utilisation']['mean']:.2f}"
+            f"  first group {s['first_group_fraction']['mean']:.2f}  reward {s['mean_reward']:.2f}"
             f"  {' '.join(f'{k}={v}' for k, v in sorted(s['statuses'].items()))}"
         )
+    for name, r in report["ratios"].items():
+        print(f"{name}: {r['mean']:.3f} [{r['min']:.3f}-{r['max']:.3f}], std {r['std']:.3f}")
 
 
 def _save_timeline(base: Any, report: dict[str, Any], folder: Path) -> Path:
@@ -158,3 +194,5 @@ def _print_table(report: dict[str, Any]) -> None:
             f"{s['peak_live_runtimes']:>7.0f}{s['first_group_fraction']:>9.2f}  {s['best_knobs']}"
         )
     print(f"ratios: {report.get('ratios')}")
+    if "auto_vs_best_grid_on_fresh" in report:
+        print(f"auto vs best grid point, fresh points: {report['auto_vs_best_grid_on_fresh']}")

@@ -1,72 +1,20 @@
 """`auto`: the pipeline, with stage pools sized while it runs instead of by hand.
 
-Every control period (half the median init latency seen so far, between 1 s and 60 s):
+Every control period (half the median init latency seen so far, between 1 s and 60 s) it
+resizes the three pools of `pipeline`:
 
-- CPU stages (init, reward) share the CPUs, so they get one budget, split between them in
-  proportion to their service times (both serve every rollout once). A stage's baseline
-  latency is the lowest median latency of any period with 8+ completions (its service time when
-  nothing queues). When a period's median latency exceeds 2x the baseline, jobs queue for a CPU
-  while holding a runtime: the budget shrinks towards the concurrency that would be served
-  without queueing (in-stage jobs / inflation, +25%), at most halving per period, and never
-  below 1.25x the most jobs served in any of the last 8 periods (the medians of a few
-  log-normal latencies are noisy: without that floor the budget ratcheted down to a third of
-  the CPUs at CPU x4 and left them idle). It shrinks only while the CPU stages hold more jobs
-  than the CPUs have ever served at once: with fewer, a slow period is long jobs, not queueing.
-  Without that test the budget ratcheted down in the tail of a batch, where a few jobs make
-  noisy medians (swe-sim CPU x0.5, R 1024, seed 2: the budget fell to 4, 58 rewards queued
-  behind one worker, makespan 1799 s against ~1200 s for seeds 0 and 1). When a pool is
-  full and latency is within 1.25x the baseline, the budget grows by half. No evidence (fewer
-  than 3 completions in a period), no change.
-- End phase. Once every rollout of the batch has been admitted, the inits still to run may take
-  the whole budget on their own (the reward pool keeps its share): they reach the FIFO CPUs
-  ahead of the rewards, so the last runs start as early as the CPUs allow, and the rewards
-  queue up behind them and keep the CPUs busy while those runs finish. Where the CPU stages
-  bind (swe-sim CPU x4) the share split had left the CPUs half idle in the last eighth of the
-  makespan while the last inits waited behind rewards (3674 s against bounded_batch's 3643 s;
-  then 3627 s). At most `total` extra init jobs, so no init can be queued into its timeout.
-  The end phase starts before admission ends once the runs wait on inits (the run queue is
-  empty) and the inits not yet done would fill the measured CPUs for no longer than a median
-  run: after the last init the batch lasts about one more run, and the rewards put off until
-  then fill the CPUs during it. At CPU x1.5 / R 192, where R and the CPUs bind together,
-  starting only at admission's end left the longest runs of the last groups starting 20-40 s
-  after bounded_batch's (1504 s against its 1486 s, 3 seeds); now 1476 s (CPU x4: 3615 s).
-  Not while runs queue for the engine: there faster inits only park runtimes in the run queue.
-- Run stage. Every run in flight keeps its context in the engine's KV cache, also while its
-  tool call runs (the prefix cache). When those contexts outgrow the cache the engine evicts
-  cached prefixes and preempts requests, and each turn re-prefills its whole context: measured
-  on swe-sim (R = 256), prefill tokens per generated token jump from ~2 to ~20 and throughput
-  halves for hundreds of seconds, because the runs that caused it keep their contexts until
-  they end, and the first wave of runs grows its contexts in step. So the pool starts at the
-  config's `p_run` (not at R), or at its worst-case size (below). Where the engine reports its
-  KV cache (`kv_capacity_tokens`,
-  `kv_used_tokens`: vLLM's cache size and `kv_cache_usage`), the pool is sized by the projected
-  working set = mean context of a running request x runs in flight (a run in a tool call keeps
-  its context cached for its next turn), as a fraction of the cache: it grows by a tenth per
-  period while full, calm and the grown projection stays below 0.75, and shrinks to the 0.75
-  share of its runs when the projection passes 0.85 (contexts grow as runs age). Growth also
-  needs the mixed-age working set below the mark: the mean context a finished run held over its
-  life, (first prompt + final context) / 2, weighted by the run's duration (runs are in flight
-  in proportion to how long they last, and long runs hold long contexts), times the runs in
-  flight. Without it, where inits are fast (CPU x0.25, R = 512 on swe-sim) the first wave of
-  runs, all young, read a small working set, the pool grew to 157 within 130 s, the contexts
-  then grew in step past the cache, and the pool had to be cut to 105 while throughput fell by
-  a third (1312 s against the pipeline's best 1175 s). That reading counts only once a quarter
-  of the runs started have ended: the first runs to end are the shortest, and with 3-15 of them
-  (CPU x0.1, R = 512) it read half the mature working set, the pool grew to ~200 and the cache
-  overflowed (1521 s against bounded_batch's 1168 s). Before that the pool holds the worst case:
-  where the engine also reports `max_model_len`, it starts at (and may regrow to) the runs whose
-  contexts fit below the high mark even if every run went on to the context limit, a life mean
-  of (prompt + max_model_len) / 2 (swe-sim: 123 runs), else it does not grow. A thrash (a
-  new preemption, or prefill per generated token above 3x its lowest value and above 8; judged
-  on periods of 20k+ generated tokens) at working set L cuts the pool to 0.9 of the runs in
-  flight and lowers the marks to 0.95 L and 0.95 L - 0.1: the limit is learnt in working-set
-  terms, not as a run count, so the pool regrows when contexts are short. Without a KV reading
-  it grows only once half its width of runs has finished, and a thrash cuts it to 3/4 of the
-  runs in flight and makes that a ceiling for good. If more requests in flight bring no more
-  throughput than the best point seen, it is cut back to that point's concurrency.
+- CPU stages (init, reward) share one budget, split by their service times; it shrinks when
+  latencies inflate past 2x their baseline while the CPUs hold more jobs than they ever served
+  at once, and grows when a pool is full and latency stays near the baseline. In the end phase
+  (the inits left fit in one run's time) the inits may take the whole budget.
+- The run stage grows while the engine is calm and the projected KV working set (runs in
+  flight x their context, worst case before a quarter of the runs have ended) stays below the
+  cache's mark, and is cut on a KV thrash (preemptions or re-prefill) or when more requests in
+  flight bring no more throughput. Without KV figures it uses its no-KV rules.
 
-It never exceeds R and never drops a pool below 1; the CPU pools start at the config's
-`p_init`/`p_reward`, the run pool at `p_run` (or its worst-case size, if larger).
+It never exceeds R and never drops a pool below 1. Why each rule and constant is what it is,
+with the measurements and what was tried and dropped: docs/dispatch.md, "How `auto` sizes its
+pools".
 """
 
 from __future__ import annotations
@@ -158,11 +106,11 @@ class AutoDispatcher(PipelineDispatcher):
         self._run_latencies: deque[float] = deque(maxlen=_HISTORY)
         self._cpu_peak = 0.0  # most CPU-stage jobs ever served at once (without queueing)
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
-        self._spawn(self._control())
-        await super()._schedule(jobs)
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        self.spawn(self._control())
+        await super().schedule(jobs)
 
-    def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
+    def stage_done(self, stage: Stage, job: RolloutJob) -> None:
         name = stage.name.lower()
         start, end = job.timings.get(f"{name}_start"), job.timings.get(f"{name}_end")
         if start is not None and end is not None:
@@ -292,7 +240,7 @@ class AutoDispatcher(PipelineDispatcher):
         reward_limit = total - init_limit
         if self._end_phase():
             # the last inits go ahead of the rewards, up to the whole budget on their own
-            inits_left = self._queues[Stage.INIT].qsize() + self.pools[Stage.INIT].in_use
+            inits_left = self.waiting(Stage.INIT) + self.pools[Stage.INIT].in_use
             init_limit = max(init_limit, min(inits_left, total, self._inits_within_timeout()))
         self.pools[Stage.INIT].set_limit(init_limit)
         self.pools[Stage.REWARD].set_limit(reward_limit)
@@ -320,15 +268,14 @@ class AutoDispatcher(PipelineDispatcher):
         if self.admission_done:
             return True
         init_service = self._baseline[Stage.INIT]
-        run_queue = self._queues.get(Stage.RUN)
         if (
-            (run_queue is not None and run_queue.qsize() > 0)
+            self.waiting(Stage.RUN) > 0
             or not self._run_latencies
             or not self._cpu_served
             or not math.isfinite(init_service)
         ):
             return False
-        inits_left = max(0, self._total - self._completed[Stage.INIT])
+        inits_left = max(0, self.total - self._completed[Stage.INIT])
         cpu_time = inits_left * init_service / max(1.0, max(self._cpu_served))
         return cpu_time <= _END_PHASE_RUNS * statistics.median(self._run_latencies)
 

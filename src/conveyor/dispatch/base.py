@@ -1,6 +1,6 @@
 """What every strategy shares: the rollout lifecycle, fault isolation and the output stream.
 
-A strategy decides only *when* each stage of each rollout runs (`_schedule`). The lifecycle of one
+A strategy decides only *when* each stage of each rollout runs (`schedule`). The lifecycle of one
 rollout is fixed here, so every strategy has the same guarantees:
 
 - init/reward failures and overruns, engine and runtime failures are infrastructure faults: the
@@ -13,6 +13,10 @@ rollout is fixed here, so every strategy has the same guarantees:
 - an engine that is down (`EngineDown`) stops the run: rollouts whose run stage has ended are
   still scored, every other one is recorded as `infra_error` (stop reason `engine_down`) at
   once, and after the last record `rollouts()` raises the engine's error, with the count.
+
+The hooks a strategy uses are public and listed under "for strategies": `schedule` (what it
+implements), `admit`, `step`, `advance`, `spawn`, `all_recorded`, `total`, and
+`first_turn_slot` (for strategies that overlap the first turn with init, `first_turn.py`).
 """
 
 from __future__ import annotations
@@ -20,17 +24,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from conveyor.dispatch.config import DispatchSettings
+from conveyor.dispatch.first_turn import FirstTurns
+from conveyor.dispatch.job import RolloutJob, Stage
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.engines.base import EngineDown
 from conveyor.runtime.base import Runtime
 from conveyor.types import Status, Task, TaskDefect, Trajectory, TrajectoryGroup
+
+__all__ = ["Dispatcher", "EngineProbe", "RolloutJob", "Stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,31 +54,6 @@ class EngineProbe(Protocol):
     def in_flight(self) -> int:
         """Requests submitted and not yet answered."""
         ...
-
-
-class Stage(IntEnum):
-    """The three stages of a rollout, in order."""
-
-    INIT = 0
-    RUN = 1
-    REWARD = 2
-
-
-@dataclass(slots=True)
-class RolloutJob:
-    """One scheduled rollout while the dispatcher holds it; dropped once its record is yielded."""
-
-    task: Task
-    sample_index: int
-    seq: int
-    attempt: int = 0
-    runtime: Runtime | None = None
-    trajectory: Trajectory | None = None
-    next_stage: Stage | None = Stage.INIT
-    ready_at: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
-    head: asyncio.Task[object] | None = None  # the first turn, started beside init
-    head_slot: Callable[[], None] | None = None  # gives the first turn's engine place back
 
 
 class _InfraFault(Exception):
@@ -113,16 +95,15 @@ class Dispatcher:
         self.runs_in_flight = 0
         self.in_stage: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._live_limit = AdjustableLimit(settings.max_live_runtimes)
-        self._head_stages = (
+        self._first_turns = FirstTurns(
             stages
             if self.overlaps_first_turn
             and settings.early_first_turn
             and isinstance(stages, FirstTurnStages)
-            else None
+            else None,
+            now=self.now,
+            changed=self._check_run_idle,
         )
-        self._heads: set[asyncio.Task[object]] = set()
-        # rollouts whose first turn has started and whose run stage has not: engine sessions too
-        self.first_turns = 0
         self._open: dict[int, Runtime] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gate = asyncio.Event()
@@ -153,10 +134,10 @@ class Dispatcher:
         if self._total == 0:
             self._running = False
             return
-        scheduler = self._spawn(self._schedule(self._jobs(tasks, samples_per_task)))
+        scheduler = self.spawn(self.schedule(self._jobs(tasks, samples_per_task)))
         scheduler.add_done_callback(self._check_scheduler)
         if self.telemetry is not None:
-            self._spawn(self._sample_forever(self.telemetry))
+            self.spawn(self._sample_forever(self.telemetry))
         try:
             while self._emitted < self._total or not self._out.empty():
                 item = await self._out.get()
@@ -212,36 +193,60 @@ class Dispatcher:
         """Jobs waiting per stage hand-off queue (strategies with queues override this)."""
         return {}
 
+    @property
+    def first_turns(self) -> int:
+        """Rollouts whose first turn has started and whose run stage has not (engine sessions
+        too)."""
+        return self._first_turns.waiting
+
     # -- for strategies ---------------------------------------------------------------------
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
-        """Drive every job to its record; return once all are emitted (or leave it to `_done`)."""
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
+        """The strategy: drive every job to its record (with `admit`, then `step` or
+        `advance`); return once all are recorded (`await self.all_recorded()`)."""
         raise NotImplementedError
+
+    def first_turn_slot(self) -> Callable[[], None] | None:
+        """A place for one first turn on the engine now, as the function that gives it back, or
+        None (then the rollout's first turn waits for its run stage). Asked only by strategies
+        that overlap first turns (`overlaps_first_turn`); by default there is always a place
+        (the rollout's own slot bounds it). The pipeline bounds first turns with its run pool."""
+        return lambda: None
+
+    @property
+    def total(self) -> int:
+        """Rollouts in the batch being dispatched."""
+        return self._total
+
+    async def all_recorded(self) -> None:
+        """Wait until every rollout of the batch has its record."""
+        await self._done.wait()
 
     def now(self) -> float:
         """Seconds since this batch of rollouts started, on the running loop's clock."""
         return asyncio.get_running_loop().time() - self._t0
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Start a task that the dispatcher owns: cancelled at shutdown, a crash is reported."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
-    async def _admit(self, job: RolloutJob) -> None:
+    async def admit(self, job: RolloutJob) -> None:
         """Admission point: waits while paused; stamps the job as admitted."""
         await self._gate.wait()
         job.ready_at = self.now()
         job.timings["admitted"] = job.ready_at
 
-    async def _advance(self, job: RolloutJob, until: Stage | None = None) -> None:
+    async def advance(self, job: RolloutJob, until: Stage | None = None) -> None:
         """Step `job` until it is finished or its next stage is `until`."""
         while job.next_stage is not None and job.next_stage != until:
-            job.next_stage = await self._step(job, job.next_stage)
+            job.next_stage = await self.step(job, job.next_stage)
 
-    async def _step(self, job: RolloutJob, stage: Stage) -> Stage | None:
-        """Run one stage of one job; return the next stage (`None` once its record is out)."""
+    async def step(self, job: RolloutJob, stage: Stage) -> Stage | None:
+        """Run one stage of one job with the shared lifecycle (timeouts, retries, records);
+        return the next stage (`Stage.INIT` again for a retry, `None` once its record is out)."""
         if self._stop is not None and stage is not Stage.REWARD:
             # no engine to run it: recorded now rather than set up (or retried) in vain
             await self._close(job)
@@ -301,7 +306,7 @@ class Dispatcher:
             finally:
                 self.in_stage[Stage.INIT] -= 1
         except BaseException:
-            self._drop_head(job)
+            self._first_turns.drop(job)
             self._release_live()
             raise
         self._open[id(runtime)] = runtime
@@ -363,77 +368,24 @@ class Dispatcher:
         job.ready_at = job.timings["reward_end"] = self.now()
 
     async def _run_stage(self, job: RolloutJob, runtime: Runtime) -> Trajectory:
-        """The run stage's coroutine, continuing from the job's first turn if one was started
-        (its failure is the run stage's: an infra fault of this attempt)."""
-        head_task = self._take_head(job)
-        if head_task is None:
-            return await self.stages.run(job.task, job.sample_index, runtime)
-        assert self._head_stages is not None
-        head = await head_task
-        return await self._head_stages.run(job.task, job.sample_index, runtime, head=head)
-
-    def _head_slot(self) -> Callable[[], None] | None:
-        """A place for one first turn on the engine now, as the function that gives it back, or
-        None (then the rollout's first turn waits for its run stage). Strategies that overlap
-        first turns bound them with their run pool."""
-        return lambda: None
+        """The run stage's coroutine, continuing from the job's first turn if one was started."""
+        continued = await self._first_turns.run(job, runtime)
+        if continued is not None:
+            return continued
+        return await self.stages.run(job.task, job.sample_index, runtime)
 
     def _start_head(self, job: RolloutJob) -> None:
         """Start the job's first turn beside its init, if the strategy has a place for it on
         the engine (not while paused: no new engine work then)."""
-        if self._head_stages is None or not self._gate.is_set():
-            return
-        release = self._head_slot()
-        if release is None:
-            return
-        job.timings["head_start"] = self.now()
-        head = asyncio.get_running_loop().create_task(
-            self._head_stages.first_turn(job.task, job.sample_index, job.attempt)
-        )
-        job.head, job.head_slot = head, release
-        self.first_turns += 1
-        self._heads.add(head)
-        self._run_idle.clear()
-        attempt = job.attempt
-
-        def finished(task: asyncio.Task[object]) -> None:
-            self._heads.discard(task)
-            if job.head is task:  # still waiting for its run stage: the engine place is free
-                self._give_head_slot(job)
-            if not task.cancelled():
-                task.exception()  # retrieved here; `_run_stage` re-raises it
-                if job.attempt == attempt:
-                    job.timings["head_end"] = self.now()
-            self._check_run_idle()
-
-        head.add_done_callback(finished)
-
-    def _give_head_slot(self, job: RolloutJob) -> None:
-        release, job.head_slot = job.head_slot, None
-        if release is not None:
-            release()
-
-    def _take_head(self, job: RolloutJob) -> asyncio.Task[object] | None:
-        """Detach the job's first turn. Its engine place goes back now: the run stage holds its
-        own, so a run waiting for its first turn takes one place, not two."""
-        head, job.head = job.head, None
-        if head is not None:
-            self.first_turns -= 1
-            self._give_head_slot(job)
-        return head
-
-    def _drop_head(self, job: RolloutJob) -> None:
-        """Cancel a first turn whose rollout will not run (its init failed or was cancelled)."""
-        head = self._take_head(job)
-        if head is not None:
-            head.cancel()
+        if self._gate.is_set() and self._first_turns.start(job, self.first_turn_slot):
+            self._run_idle.clear()
 
     def _check_run_idle(self) -> None:
-        if self.runs_in_flight == 0 and not self._heads:
+        if self.runs_in_flight == 0 and not self._first_turns.generating:
             self._run_idle.set()
 
     async def _close(self, job: RolloutJob) -> None:
-        self._drop_head(job)
+        self._first_turns.drop(job)
         runtime, job.runtime = job.runtime, None
         if runtime is None:
             return
@@ -561,7 +513,7 @@ class Dispatcher:
         # a crash was already reported; a first turn's failure has nobody left to run it
         await _cancel_and_wait(self._tasks)
         self._tasks.clear()
-        await _cancel_and_wait(self._heads)
+        await self._first_turns.cancel_all()
         for runtime in list(self._open.values()):
             try:
                 await runtime.close()

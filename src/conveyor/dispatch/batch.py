@@ -19,11 +19,11 @@ class BatchDispatcher(Dispatcher):
     phase where it failed, so the barrier still holds every rollout of the wave.
     """
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
         wave_size = min(self.settings.max_parallel, self.settings.max_live_runtimes)
         while wave := list(islice(jobs, wave_size)):
             for job in wave:
-                await self._admit(job)
+                await self.admit(job)
             for until in (Stage.RUN, Stage.REWARD, None):
-                await asyncio.gather(*(self._advance(job, until) for job in wave))
-        await self._done.wait()
+                await asyncio.gather(*(self.advance(job, until) for job in wave))
+        await self.all_recorded()

@@ -14,16 +14,16 @@ class BoundedBatchDispatcher(Dispatcher):
     """At most `max_parallel` rollouts in flight; each holds its slot through init, run and
     reward (and any infra retries), and the next rollout is admitted when one finishes."""
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
         slots = asyncio.Semaphore(self.settings.max_parallel)
         for job in jobs:
             await slots.acquire()
-            await self._admit(job)
-            self._spawn(self._drive(job, slots))
-        await self._done.wait()
+            await self.admit(job)
+            self.spawn(self._drive(job, slots))
+        await self.all_recorded()
 
     async def _drive(self, job: RolloutJob, slots: asyncio.Semaphore) -> None:
         try:
-            await self._advance(job)
+            await self.advance(job)
         finally:
             slots.release()

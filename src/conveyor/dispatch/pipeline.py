@@ -58,22 +58,27 @@ class PipelineDispatcher(Dispatcher):
             depths[f"{stage.name.lower()}_busy"] = self.pools[stage].in_use
         return depths
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+    def waiting(self, stage: Stage) -> int:
+        """Jobs waiting in the stage's hand-off queue (0 before the batch starts)."""
+        queue = self._queues.get(stage)
+        return queue.qsize() if queue is not None else 0
+
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
         self._queues = {
             Stage.INIT: asyncio.PriorityQueue(),
             Stage.RUN: asyncio.PriorityQueue(maxsize=self.settings.run_queue),
             Stage.REWARD: asyncio.PriorityQueue(maxsize=self.settings.reward_queue),
         }
         for stage in Stage:
-            self._spawn(self._pool(stage))
-        self._spawn(self._admit_all(jobs))
-        await self._done.wait()
+            self.spawn(self._pool(stage))
+        self.spawn(self._admit_all(jobs))
+        await self.all_recorded()
 
     async def _admit_all(self, jobs: Iterator[RolloutJob]) -> None:
         self.admission_done = False
         for job in jobs:
             await self._init_slots.acquire()
-            await self._admit(job)
+            await self.admit(job)
             self._queues[Stage.INIT].put_nowait((1, job.seq, job))
         self.admission_done = True
 
@@ -89,13 +94,13 @@ class PipelineDispatcher(Dispatcher):
                 raise
             if stage is Stage.INIT and fresh:
                 self._init_slots.release()
-            self._spawn(self._work(stage, job))
+            self.spawn(self._work(stage, job))
 
     async def _work(self, stage: Stage, job: RolloutJob) -> None:
         pool = self.pools[stage]
         try:
-            next_stage = await self._step(job, stage)
-            self._stage_done(stage, job)
+            next_stage = await self.step(job, stage)
+            self.stage_done(stage, job)
             if next_stage is Stage.INIT:
                 self._queues[Stage.INIT].put_nowait((0, job.seq, job))
             elif next_stage is not None:
@@ -103,11 +108,12 @@ class PipelineDispatcher(Dispatcher):
         finally:
             pool.release()
 
-    def _head_slot(self) -> Callable[[], None] | None:
+    def first_turn_slot(self) -> Callable[[], None] | None:
         """A first turn is run-stage work on the engine: it takes a free run-pool place while it
         generates (never waiting for one), so the run pool bounds the engine's sessions."""
         pool = self.pools[Stage.RUN]
         return pool.release if pool.try_acquire() else None
 
-    def _stage_done(self, stage: Stage, job: RolloutJob) -> None:
-        """Hook for strategies that learn from stage latencies (`auto`)."""
+    def stage_done(self, stage: Stage, job: RolloutJob) -> None:
+        """Hook: a stage of `job` has ended (for strategies that learn from stage latencies,
+        `auto`)."""

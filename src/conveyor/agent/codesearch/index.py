@@ -15,10 +15,11 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from conveyor.agent.codesearch.rank import name_similarity, normalize_name, search_tokens
 from conveyor.agent.codesearch.scan import Definition, Reference, scan_module
@@ -425,6 +426,9 @@ class IndexCache:
     content hash) and survive the process. Concurrent `get`s of one key build it once.
     """
 
+    # every cache alive, so a benchmark can start each contender cold (`clear_all`)
+    _alive: ClassVar[weakref.WeakSet[IndexCache]] = weakref.WeakSet()
+
     def __init__(self, directory: Path | str | None = None, max_entries: int = 8) -> None:
         self.directory = Path(directory) if directory is not None else None
         self.max_entries = max_entries
@@ -432,6 +436,20 @@ class IndexCache:
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
         self.builds = 0
+        IndexCache._alive.add(self)
+
+    def clear(self) -> int:
+        """Forget the indexes held in memory (the next `get` of each builds it again, or loads
+        it from `directory`, which is kept); return how many were dropped."""
+        with self._lock:
+            dropped = len(self._entries)
+            self._entries.clear()
+        return dropped
+
+    @classmethod
+    def clear_all(cls) -> int:
+        """`clear` every cache of this process; return how many indexes were dropped."""
+        return sum(cache.clear() for cache in list(cls._alive))
 
     def get(self, root: Path | str) -> CodeIndex:
         """The index of `root`'s current content, built (or loaded from disk) on first use."""
