@@ -19,10 +19,10 @@ class SerialDispatcher(Dispatcher):
     async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
         count = 0
         for job in jobs:
-            await self._admit(job)
-            await self._advance(job)
+            await self.admit(job)
+            await self.advance(job)
             count += 1
-        await self._done.wait()
+        await self.all_recorded()
         log = os.environ.get("CONVEYOR_PLUGIN_LOG")
         if log:
             with open(log, "a") as sink:
