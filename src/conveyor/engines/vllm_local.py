@@ -15,6 +15,12 @@ Logprobs are `processed_logprobs`: those of the distribution the token was sampl
 temperature (and top-p/top-k, which the built-in trainer does not apply: keep top_p at 1 for
 training). vLLM's default, `raw_logprobs`, reports the temperature-1 distribution whatever the
 sampling temperature, which is not what the trainer's logits / temperature compute.
+
+Scheduler and KV-cache figures (`EngineStats`) are read from the in-process engine core's
+scheduler by the engine thread after every step, and served from that snapshot: the reading
+thread never touches vLLM's structures while a step mutates them. vLLM's own stats path
+(`SchedulerStats`, `LLM.get_metrics()`) needs `log_stats` and its loggers; the scheduler holds the
+same numbers (`get_request_counts()`, the block pool behind `kv_cache_usage`).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import (
     EngineError,
@@ -39,6 +46,10 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
+from conveyor.types import StopReason
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Seconds between checks that the engine thread still lives while a command waits for it.
 _LIVENESS_POLL_S = 1.0
@@ -47,8 +58,19 @@ _LIVENESS_POLL_S = 1.0
 _Convert = Callable[[Any, int], Any]
 
 
+@dataclass(frozen=True)
+class _SchedulerSnapshot:
+    """The scheduler's figures after one engine step (see `EngineStats`)."""
+
+    kv_capacity_tokens: int = 0
+    kv_used_tokens: int = 0
+    running_requests: int = 0
+    waiting_requests: int = 0
+
+
 class VLLMEngine:
-    """A `SamplingClient` over an in-process vLLM engine stepped by its own thread."""
+    """A `SamplingClient`, `WeightReceiver` and `EngineStats` over an in-process vLLM engine
+    stepped by its own thread."""
 
     def __init__(
         self,
@@ -97,6 +119,8 @@ class VLLMEngine:
         self._in_flight = 0
         self._closed = False
         self._failure: BaseException | None = None
+        self._scheduler = _scheduler_of(self._engine)
+        self._stats = self._read_stats()
         self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
         self._thread.start()
 
@@ -115,6 +139,44 @@ class VLLMEngine:
         """Bumped by every `update_weights`."""
         return self._version
 
+    # --- statistics (EngineStats) ---------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds: usable blocks x block size (0 if the scheduler is not in
+        this process)."""
+        return self._stats.kv_capacity_tokens
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """Tokens of the blocks running requests hold (vLLM's `kv_cache_usage` x capacity)."""
+        return self._stats.kv_used_tokens
+
+    @property
+    def running_requests(self) -> int:
+        """Requests in vLLM's running batch after the last step."""
+        return self._stats.running_requests
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests in vLLM's waiting queue (new or preempted) after the last step."""
+        return self._stats.waiting_requests
+
+    def _read_stats(self) -> _SchedulerSnapshot:
+        """Read the scheduler (engine thread only, or before it starts)."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return _SchedulerSnapshot()
+        pool = scheduler.kv_cache_manager.block_pool
+        usable = pool.num_gpu_blocks - 1  # vLLM's null block never holds tokens
+        held = max(0, usable - pool.get_num_free_blocks())
+        running, waiting = scheduler.get_request_counts()
+        return _SchedulerSnapshot(
+            kv_capacity_tokens=usable * scheduler.block_size,
+            kv_used_tokens=held * scheduler.block_size,
+            running_requests=running,
+            waiting_requests=waiting,
+        )
+
     # --- engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
         try:
@@ -128,9 +190,13 @@ class VLLMEngine:
                 except queue.Empty:
                     pass
                 if self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
+                    outputs = self._engine.step()
+                    self._stats = self._read_stats()
+                    for output in outputs:
                         if output.finished:
                             self._resolve(output)
+                else:
+                    self._stats = self._read_stats()
         except BaseException as exc:  # the engine died: fail every waiter, refuse new work
             self._failure = exc
             for request_id in list(self._waiters):
@@ -213,7 +279,7 @@ class VLLMEngine:
         self._engine.abort_request([request_id])
 
     async def update_weights(
-        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
         """Load new weights (HF names, full tensors) into the live engine; returns seconds taken.
 
@@ -294,6 +360,16 @@ class VLLMEngine:
             self._fail(request_id, EngineError("vLLM engine closed"))
 
 
+def _scheduler_of(engine: Any) -> Any:
+    """The V1 scheduler of an in-process `LLMEngine`, or None where it lives in another process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=1`) or a vLLM version moved it: statistics then read 0,
+    which `auto` takes as no KV reading."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    needed = ("kv_cache_manager", "get_request_counts", "block_size")
+    return scheduler if all(hasattr(scheduler, name) for name in needed) else None
+
+
 @contextmanager
 def _kernel_scan_safe() -> Iterator[None]:
     """Hide objects that break vLLM 0.32's start-up scan of every module's namespace.
@@ -319,7 +395,8 @@ def _sample_result(output: Any, version: int) -> SampleResult:
         float(position[token].logprob)
         for position, token in zip(completion.logprobs or [], ids, strict=True)
     ]
-    reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+    finish = completion.finish_reason
+    reason = StopReason(finish) if finish in ("stop", "length") else StopReason.ABORT
     return SampleResult(
         token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
     )
