@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -32,13 +33,13 @@ REFUSAL_BOUND_S = 10.0
 class _FakeServerWithoutWeightUpdates(BaseHTTPRequestHandler):
     """Answers /models and /completions like a chat-only server; has no weight-update route."""
 
-    requests: list[str] = []
+    requests: ClassVar[list[str]] = []  # each fixture's subclass gets its own list
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.requests.append(f"GET {self.path}")
         self._json({"object": "list", "data": [{"id": "stub", "object": "model"}]})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.requests.append(f"POST {self.path}")
         length = int(self.headers.get("Content-Length", 0))
         self.rfile.read(length)
