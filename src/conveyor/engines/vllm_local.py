@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from conveyor.engines.base import (
     EngineError,
@@ -50,12 +50,18 @@ from conveyor.types import StopReason
 
 if TYPE_CHECKING:
     from torch import Tensor
+    from vllm import RequestOutput, SamplingParams
+    from vllm.logprobs import Logprob
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+T = TypeVar("T")
 
 # Seconds between checks that the engine thread still lives while a command waits for it.
 _LIVENESS_POLL_S = 1.0
 
 # Turns a finished vLLM request output and the policy version it ran under into a result.
-_Convert = Callable[[Any, int], Any]
+_Convert = Callable[["RequestOutput", int], Any]
 
 
 @dataclass(frozen=True)
@@ -193,8 +199,8 @@ class VLLMEngine:
                     outputs = self._engine.step()
                     self._stats = self._read_stats()
                     for output in outputs:
-                        if output.finished:
-                            self._resolve(output)
+                        if output.finished:  # only generation requests are ever added
+                            self._resolve(cast("RequestOutput", output))
                 else:
                     self._stats = self._read_stats()
         except BaseException as exc:  # the engine died: fail every waiter, refuse new work
@@ -202,7 +208,7 @@ class VLLMEngine:
             for request_id in list(self._waiters):
                 self._fail(request_id, EngineError(f"vLLM engine failed: {exc!r}"))
 
-    def _resolve(self, output: Any) -> None:
+    def _resolve(self, output: RequestOutput) -> None:
         waiter = self._waiters.pop(output.request_id, None)
         if waiter is None:
             return
@@ -241,15 +247,19 @@ class VLLMEngine:
         return result
 
     async def _submit(
-        self, request_id: str, prompt_ids: Sequence[int], params: Any, convert: _Convert
-    ) -> Any:
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        convert: Callable[[RequestOutput, int], T],
+    ) -> T:
         """Queue one request to the engine thread and wait (bounded) for its converted output."""
         if self._closed or self._failure is not None:
             raise EngineError(f"vLLM engine is not running ({self._failure!r})")
         from vllm.inputs import TokensPrompt
 
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
 
         def add() -> None:
@@ -323,7 +333,7 @@ class VLLMEngine:
         )
         return weights.model_copy(update={"probe_logprobs": logprobs})
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
+    async def _call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread between two steps and return its result.
 
         Raises `EngineError` if the engine is not running, or stops before `fn` ran: a command
@@ -331,7 +341,7 @@ class VLLMEngine:
         """
         if self._closed or self._failure is not None:
             raise EngineError(f"vLLM engine is not running ({self._failure!r})")
-        done: Future[Any] = Future()
+        done: Future[T] = Future()
 
         def command() -> None:
             try:
@@ -360,7 +370,7 @@ class VLLMEngine:
             self._fail(request_id, EngineError("vLLM engine closed"))
 
 
-def _scheduler_of(engine: Any) -> Any:
+def _scheduler_of(engine: LLMEngine) -> Scheduler | None:
     """The V1 scheduler of an in-process `LLMEngine`, or None where it lives in another process
     (`VLLM_ENABLE_V1_MULTIPROCESSING=1`) or a vLLM version moved it: statistics then read 0,
     which `auto` takes as no KV reading."""
@@ -388,11 +398,11 @@ def _kernel_scan_safe() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _sample_result(output: Any, version: int) -> SampleResult:
+def _sample_result(output: RequestOutput, version: int) -> SampleResult:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     logprobs = [
-        float(position[token].logprob)
+        _logprob(position, token)
         for position, token in zip(completion.logprobs or [], ids, strict=True)
     ]
     finish = completion.finish_reason
@@ -403,17 +413,25 @@ def _sample_result(output: Any, version: int) -> SampleResult:
 
 
 def _prompt_logprobs(probe: list[int]) -> _Convert:
-    def convert(output: Any, _version: int) -> list[float]:
+    def convert(output: RequestOutput, _version: int) -> list[float]:
         positions = output.prompt_logprobs or []
         if len(positions) != len(probe):
             raise ValueError(f"{len(positions)} prompt logprobs for {len(probe)} probe tokens")
         pairs = zip(positions[1:], probe[1:], strict=True)
-        return [0.0] + [float(at[token].logprob) for at, token in pairs]
+        return [0.0] + [_logprob(at, token) for at, token in pairs]
 
     return convert
 
 
-def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+def _logprob(position: dict[int, Logprob] | None, token: int) -> float:
+    """The logprob vLLM reported for `token` at one position (a malformed output fails only
+    its own request: `_resolve` turns the error into that request's `EngineError`)."""
+    if position is None or token not in position:
+        raise ValueError(f"no logprob reported for token {token}")
+    return float(position[token].logprob)
+
+
+def _set_result(future: asyncio.Future[T], value: T) -> None:
     if not future.done():
         future.set_result(value)
 
