@@ -99,6 +99,8 @@ def test_auto_sizes_the_run_pool_by_vllm_kv_figures_on_real_rollouts(
     assert all(t.status is not Status.INFRA_ERROR for t in trajectories)
     runs = [d for d in auto.decisions if d["stage"] == float(Stage.RUN)]
     readings = [d["kv_load"] for d in runs if "kv_load" in d]
-    # every run-stage decision made while requests ran was taken on vLLM's KV figures
+    span = f"{min(readings, default=0):.3f}-{max(readings, default=0):.3f}"
+    print(f"{len(readings)} of {len(runs)} run-stage decisions on KV figures (load {span})")
+    # run-stage decisions made while requests ran were taken on vLLM's KV figures
     assert readings, runs
     assert all(0 < load < 1 for load in readings)
