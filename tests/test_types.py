@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conveyor.types import Status, StopReason, Trajectory, Turn
+from conveyor.types import EndReason, Status, StopReason, Trajectory, Turn
 
 
 def _trajectory() -> Trajectory:
@@ -39,7 +39,7 @@ def _trajectory() -> Trajectory:
         messages=[{"role": "user", "content": "ü \n<tool_call>", "_hint": True}],
         reward=0.5,
         status=Status.TRUNCATED,
-        stop_reason="max_turns",
+        stop_reason=EndReason.MAX_TURNS,
         timings={"init_s": 0.1},
         counters={"splits": 1},
         metrics={"x": 1e-300},
@@ -88,3 +88,36 @@ def test_samples_reject_a_turn_that_breaks_the_prefix_inside_a_sample() -> None:
     )
     with pytest.raises(ValueError, match="prefix"):
         bad.samples()
+
+
+def test_end_reasons_keep_the_strings_run_folders_hold() -> None:
+    # the viewer and old run folders read these strings: renaming a member must not change them
+    assert {r.value for r in EndReason} == {
+        "finish",
+        "max_turns",
+        "max_prompt_tokens",
+        "max_context_tokens",
+        "max_completion_tokens",
+        "context_length",
+        "no_tool_call",
+        "invalid_tool_call",
+        "rollout_timeout",
+        "run_timeout",
+        "infra_retries_exhausted",
+        "engine_down",
+        "",
+    }
+    line = _trajectory().model_copy(update={"stop_reason": EndReason.ENGINE_DOWN}).to_json()
+    assert '"stop_reason":"engine_down"' in line
+    assert '"stop_reason":"length"' in line  # a turn's engine reason, also a plain string
+    back = Trajectory.from_json(line)
+    assert back.stop_reason is EndReason.ENGINE_DOWN
+    assert back.turns[1].stop_reason is StopReason.LENGTH
+
+
+def test_a_written_trajectory_with_a_plain_string_reason_reads_back_as_the_member() -> None:
+    # the dispatcher and old files give plain strings; they validate into the enum
+    record = Trajectory(task_id="t", status=Status.TIMEOUT, stop_reason="run_timeout")
+    assert record.stop_reason is EndReason.RUN_TIMEOUT
+    with pytest.raises(ValueError, match="stop_reason"):
+        Trajectory(task_id="t", stop_reason="gave_up")

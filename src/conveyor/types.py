@@ -14,13 +14,12 @@ impossible, a new sample starts: `Turn.sample_index` says which sample a turn be
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 TokenIds = list[int]
 Message = dict[str, Any]
-FinishReason = Literal["stop", "length", "abort"]
 
 
 class _Frozen(BaseModel):
@@ -54,11 +53,44 @@ class Status(StrEnum):
 
 
 class StopReason(StrEnum):
-    """Why one turn's generation stopped, as the engine reports it."""
+    """Why one turn's generation stopped, as the engine reports it (`Turn.stop_reason`,
+    `SampleResult.finish_reason`)."""
 
     STOP = "stop"  # the engine hit an end-of-turn / stop token
     LENGTH = "length"  # the per-turn completion budget ran out
     ABORT = "abort"  # the engine aborted the request
+
+
+# The engine-facing name of the same reasons (OpenAI's `finish_reason`).
+FinishReason = StopReason
+
+
+class EndReason(StrEnum):
+    """Why a rollout ended (`Trajectory.stop_reason`); `Trajectory.status` says who owns it.
+
+    The values are the strings trajectory files have always held, so old run folders and the
+    viewer read them unchanged.
+    """
+
+    # Status ok
+    FINISH = "finish"  # the agent called `finish`
+    # Status truncated: a budget of the agent config ran out
+    MAX_TURNS = "max_turns"  # every turn of `agent.max_turns` was used without finishing
+    MAX_PROMPT_TOKENS = "max_prompt_tokens"  # the next prompt is longer than its budget
+    MAX_CONTEXT_TOKENS = "max_context_tokens"  # prompt + completion reached the context limit
+    MAX_COMPLETION_TOKENS = "max_completion_tokens"  # one turn's completion hit its budget
+    CONTEXT_LENGTH = "context_length"  # the simulator's rollout outgrew its context limit
+    # Status policy_error: the policy answered without acting, hints being off
+    NO_TOOL_CALL = "no_tool_call"  # a reply with no tool call at all
+    INVALID_TOOL_CALL = "invalid_tool_call"  # a reply whose tool calls could not be parsed
+    # Status timeout
+    ROLLOUT_TIMEOUT = "rollout_timeout"  # the policy's own time (engine waits excluded) ran out
+    RUN_TIMEOUT = "run_timeout"  # the dispatcher's wall-clock limit of the run stage ran out
+    # Status infra_error: never scored
+    INFRA_RETRIES_EXHAUSTED = "infra_retries_exhausted"  # every retry met an infra fault
+    ENGINE_DOWN = "engine_down"  # the engine stopped answering; the run stops
+    # A trajectory built without a reason (tests, hand-made records)
+    UNSET = ""
 
 
 class Task(_Frozen):
@@ -113,7 +145,7 @@ class Trajectory(_Frozen):
     messages: list[Message] = Field(default_factory=list)
     reward: float | None = None
     status: Status = Status.OK
-    stop_reason: str = ""
+    stop_reason: EndReason = EndReason.UNSET
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     counters: dict[str, int] = Field(default_factory=dict)

@@ -10,7 +10,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from conveyor.engines.base import EngineError, SampleRequest, SampleResult, SamplingClient
+from conveyor.engines.base import (
+    EngineError,
+    EngineStats,
+    SampleRequest,
+    SampleResult,
+    SamplingClient,
+)
 from conveyor.engines.simulated import SimulatedEngine
 
 T = TypeVar("T")
@@ -218,3 +224,39 @@ def test_close_is_idempotent_and_refuses_requests() -> None:
             await engine.sample(request())
 
     run(scenario())
+
+
+def test_reports_engine_stats_kv_held_by_running_requests() -> None:
+    async def scenario() -> list[tuple[int, int, int]]:
+        engine = SimulatedEngine(
+            lambda p: [9] * 16, decode_s_per_token=0.05, kv_capacity_tokens=1000, max_model_len=64
+        )
+        assert isinstance(engine, EngineStats)
+        assert (engine.kv_capacity_tokens, engine.max_model_len) == (1000, 64)
+        seen = [(engine.kv_used_tokens, engine.running_requests, engine.waiting_requests)]
+        tasks = [asyncio.create_task(engine.sample(request(f"s{i}"))) for i in range(3)]
+        # mid-way between the first chunk of 8 decoded tokens (0.4 s) and the second (0.8 s)
+        await asyncio.sleep(0.6)
+        seen.append((engine.kv_used_tokens, engine.running_requests, engine.waiting_requests))
+        await asyncio.gather(*tasks)
+        seen.append((engine.kv_used_tokens, engine.running_requests, engine.waiting_requests))
+        slow = asyncio.create_task(engine.sample(request("cancelled")))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        await asyncio.gather(slow, return_exceptions=True)
+        seen.append((engine.kv_used_tokens, engine.running_requests, engine.waiting_requests))
+        return seen
+
+    before, during, after, cancelled = run(scenario())
+    assert before == (0, 0, 0)
+    assert during[1:] == (3, 0)
+    assert during[0] == 3 * (3 + 8)  # each holds its prompt and what it has decoded
+    assert after == (0, 0, 0)
+    assert cancelled == (0, 0, 0)  # a cancelled request frees what it held
+
+
+def test_reports_no_kv_cache_by_default() -> None:
+    engine = SimulatedEngine()
+    assert engine.kv_capacity_tokens == 0  # auto reads 0 as no KV reading
+    with pytest.raises(ValueError, match="kv_capacity_tokens"):
+        SimulatedEngine(kv_capacity_tokens=-1)

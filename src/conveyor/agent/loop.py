@@ -28,7 +28,7 @@ from conveyor.agent.tools import ToolContext, ToolRegistry
 from conveyor.config import AgentConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import SampleRequest, SampleResult, SamplingClient
 from conveyor.runtime.base import Runtime
-from conveyor.types import Message, Status, StopReason, Task, Trajectory, Turn
+from conveyor.types import EndReason, Message, Status, StopReason, Task, Trajectory, Turn
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class FirstTurn:
 class _State:
     turns: list[Turn] = field(default_factory=list)
     status: Status = Status.TRUNCATED
-    stop_reason: str = "max_turns"
+    stop_reason: EndReason = EndReason.MAX_TURNS
     counters: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     engine_s: float = 0.0
@@ -94,12 +94,12 @@ class AgentLoop:
             session_id=session,
         )
 
-    def _over_budget(self, prompt: list[int]) -> str | None:
+    def _over_budget(self, prompt: list[int]) -> EndReason | None:
         """The length budget a prompt leaves no room under (the stop reason), or None."""
         if len(prompt) > self.agent.max_prompt_tokens:
-            return "max_prompt_tokens"
+            return EndReason.MAX_PROMPT_TOKENS
         if len(prompt) >= self.agent.max_context_tokens:
-            return "max_context_tokens"
+            return EndReason.MAX_CONTEXT_TOKENS
         return None
 
     async def first_turn(self, task: Task, sample_index: int) -> FirstTurn | None:
@@ -181,7 +181,7 @@ class AgentLoop:
                 return
             room = cfg.max_context_tokens - len(prompt)
             if state.policy_time() > self.rollout_timeout_s:
-                state.status, state.stop_reason = Status.TIMEOUT, "rollout_timeout"
+                state.status, state.stop_reason = Status.TIMEOUT, EndReason.ROLLOUT_TIMEOUT
                 return
             if turn_index == 0 and head is not None and head.prompt_ids == tuple(prompt):
                 # sampled before the runtime existed; its engine time is not the run's
@@ -190,7 +190,7 @@ class AgentLoop:
                 asked = time.monotonic()
                 result = await self.client.sample(self._request(prompt, session, turn_index, room))
                 state.engine_s += time.monotonic() - asked
-            stopped = result.finish_reason == "stop"
+            stopped = result.finish_reason == StopReason.STOP
             state.turns.append(
                 Turn(
                     prompt_ids=list(prompt),
@@ -198,16 +198,16 @@ class AgentLoop:
                     completion_logprobs=result.logprobs,
                     loss_mask=[1] * len(result.token_ids),
                     policy_version=result.policy_version,
-                    stop_reason=StopReason(result.finish_reason),
+                    stop_reason=result.finish_reason,
                     sample_index=ledger.sample_index,
                 )
             )
             assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
             if not stopped:
                 which = (
-                    "max_context_tokens"
+                    EndReason.MAX_CONTEXT_TOKENS
                     if room < cfg.max_completion_tokens
-                    else "max_completion_tokens"
+                    else EndReason.MAX_COMPLETION_TOKENS
                 )
                 state.status, state.stop_reason = Status.TRUNCATED, which
                 return
@@ -235,12 +235,14 @@ class AgentLoop:
                 if ctx.state.get("finished"):
                     break
             if ctx.state.get("finished"):
-                state.status, state.stop_reason = Status.OK, "finish"
+                state.status, state.stop_reason = Status.OK, EndReason.FINISH
                 return
             if not parsed.calls and not cfg.hints.enabled:
                 # Without hints nobody will tell the model to use a tool: the text is its answer.
                 state.status = Status.POLICY_ERROR
-                state.stop_reason = "invalid_tool_call" if parsed.errors else "no_tool_call"
+                state.stop_reason = (
+                    EndReason.INVALID_TOOL_CALL if parsed.errors else EndReason.NO_TOOL_CALL
+                )
                 return
             action = json.dumps([c.model_dump() for c in parsed.calls], sort_keys=True)
             fired = hints.hints_for(
@@ -257,7 +259,7 @@ class AgentLoop:
             previous_action = action
             replies = _attach_hints(replies, fired)
             prompt = ledger.next_prompt(replies)
-        state.status, state.stop_reason = Status.TRUNCATED, "max_turns"
+        state.status, state.stop_reason = Status.TRUNCATED, EndReason.MAX_TURNS
 
 
 def _request_seed(base: int | None, session: str, turn_index: int) -> int | None:

@@ -24,13 +24,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
 
-from conveyor.dispatch.base import RolloutJob, Stage
+from conveyor.dispatch.base import EngineProbe, RolloutJob, Stage
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.pipeline import PipelineDispatcher
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
+from conveyor.engines.base import ContextLimit, EngineCounters, KVCacheStats
 from conveyor.registry import STRATEGIES
 from conveyor.types import Trajectory
 
@@ -83,10 +83,16 @@ class AutoDispatcher(PipelineDispatcher):
         stages: RolloutStages,
         settings: DispatchSettings,
         *,
-        engine: Any = None,
+        engine: EngineProbe | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
         super().__init__(stages, settings, engine=engine, telemetry=telemetry)
+        # what the engine reports; an engine without a protocol leaves auto on its other rules
+        self._kv: KVCacheStats | None = engine if isinstance(engine, KVCacheStats) else None
+        self._max_model_len = engine.max_model_len if isinstance(engine, ContextLimit) else 0
+        self._counters: EngineCounters | None = (
+            engine if isinstance(engine, EngineCounters) else None
+        )
         self.pools[Stage.RUN].set_limit(min(settings.p_run, settings.max_live_runtimes))
         self._period_latencies: dict[Stage, list[float]] = {s: [] for s in Stage}
         self._baseline: dict[Stage, float] = dict.fromkeys(Stage, math.inf)
@@ -134,8 +140,8 @@ class AutoDispatcher(PipelineDispatcher):
             period = self._period()
             completed = dict(self._completed)
             tokens = self._engine_tokens()
-            prefill = self._engine_counter("prefill_tokens")
-            preempted = self._engine_counter("preemptions")
+            prefill = self._prefill_tokens()
+            preempted = self._preemptions()
             in_stage = dict.fromkeys(Stage, 0.0)
             full = dict.fromkeys(Stage, 0.0)
             in_flight = 0.0
@@ -147,7 +153,7 @@ class AutoDispatcher(PipelineDispatcher):
                     pool = self.pools[stage]
                     full[stage] += (pool.in_use >= pool.limit) / sub_steps
                 in_flight += (self.engine.in_flight if self.engine is not None else 0) / sub_steps
-                kv_used += (self._engine_counter("kv_used_tokens") or 0) / sub_steps
+                kv_used += (self._kv.kv_used_tokens if self._kv else 0) / sub_steps
             done = {s: self._completed[s] - completed[s] for s in Stage}
             latencies = self._period_latencies
             self._period_latencies = {s: [] for s in Stage}
@@ -161,8 +167,8 @@ class AutoDispatcher(PipelineDispatcher):
             )
             thrashing, calm = self._kv_state(
                 produced if now_tokens is not None and tokens is not None else None,
-                _delta(self._engine_counter("prefill_tokens"), prefill),
-                _delta(self._engine_counter("preemptions"), preempted),
+                _delta(self._prefill_tokens(), prefill),
+                _delta(self._preemptions(), preempted),
             )
             kv_load = self._kv_load(kv_used, in_flight, in_stage[Stage.RUN])
             if not self._worst_life_mean and kv_load is not None:  # the first KV reading
@@ -172,11 +178,16 @@ class AutoDispatcher(PipelineDispatcher):
             )
 
     def _engine_tokens(self) -> int | None:
-        return self._engine_counter("generated_tokens")
+        return self._counters.generated_tokens if self._counters else None
 
-    def _engine_counter(self, name: str) -> int | None:
-        value = getattr(self.engine, name, None)
-        return value if isinstance(value, int) else None
+    def _prefill_tokens(self) -> int | None:
+        return self._counters.prefill_tokens if self._counters else None
+
+    def _preemptions(self) -> int | None:
+        return self._counters.preemptions if self._counters else None
+
+    def _kv_capacity(self) -> int:
+        return self._kv.kv_capacity_tokens if self._kv else 0
 
     def _kv_load(self, kv_used: float, in_flight: float, runs: float) -> float | None:
         """The KV working set of every run in flight as a fraction of the cache, or None.
@@ -184,7 +195,7 @@ class AutoDispatcher(PipelineDispatcher):
         The engine counts only running requests; a run in a tool call keeps its context as a
         cached prefix that its next turn needs, so the working set is the mean context of a
         running request times the runs in flight."""
-        capacity = self._engine_counter("kv_capacity_tokens")
+        capacity = self._kv_capacity()
         if not capacity or in_flight < 1 or kv_used <= 0:
             return None
         return kv_used / in_flight * runs / capacity
@@ -316,7 +327,7 @@ class AutoDispatcher(PipelineDispatcher):
             )
         ):
             pool.set_limit(min(self._run_ceiling, math.ceil(pool.limit * _RUN_GROWTH)))
-        self._log(Stage.RUN, pool.limit, throughput, busy)
+        self._log(Stage.RUN, pool.limit, throughput, busy, kv_load)
 
     def _start_at_worst_case(self, running_context: float) -> None:
         """Raise the run pool, once, to as many runs as the cache holds below the high mark
@@ -324,8 +335,8 @@ class AutoDispatcher(PipelineDispatcher):
         then averages (prompt + max_model_len) / 2, the prompt read as the mean context of the
         requests running at the first reading (first turns). Needs the engine's
         `max_model_len`."""
-        capacity = self._engine_counter("kv_capacity_tokens")
-        limit = self._engine_counter("max_model_len")
+        capacity = self._kv_capacity()
+        limit = self._max_model_len
         if not capacity or not limit:
             return
         self._worst_life_mean = (running_context + limit) / 2
@@ -347,7 +358,7 @@ class AutoDispatcher(PipelineDispatcher):
         within the worst case (every run going on to the context limit)."""
         if kv_load * _RUN_GROWTH >= self._kv_target:
             return False
-        capacity = self._engine_counter("kv_capacity_tokens")
+        capacity = self._kv_capacity()
         if not capacity:
             return False
         ended = self._completed[Stage.RUN]
@@ -362,9 +373,13 @@ class AutoDispatcher(PipelineDispatcher):
         life_mean = sum(duration * mean for duration, mean in self._run_contexts) / seconds
         return life_mean * busy / capacity * _RUN_GROWTH < self._kv_target
 
-    def _log(self, stage: Stage, limit: int, rate: float, busy: float) -> None:
-        self.decisions.append(
-            {"t": self.now(), "stage": float(stage), "limit": limit, "rate": rate, "busy": busy}
-        )
+    def _log(
+        self, stage: Stage, limit: int, rate: float, busy: float, kv_load: float | None = None
+    ) -> None:
+        decision = {"t": self.now(), "stage": float(stage), "limit": limit, "rate": rate}
+        decision["busy"] = busy
+        if kv_load is not None:  # the run stage was sized by the engine's KV figures
+            decision["kv_load"] = kv_load
+        self.decisions.append(decision)
         if len(self.decisions) > 4 * _HISTORY:
             del self.decisions[: 2 * _HISTORY]

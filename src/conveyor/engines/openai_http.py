@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SampleResult
+from conveyor.types import StopReason
 
 if TYPE_CHECKING:
     import httpx
@@ -249,7 +250,7 @@ def parse_completion(data: dict[str, Any], version: int = 0) -> SampleResult:
         if len(values) != len(ids):
             raise EngineError(f"server returned {len(ids)} ids but {len(values)} logprobs")
         reason = choice.get("finish_reason")
-        finish = reason if reason in ("stop", "length") else "abort"
+        finish = StopReason(reason) if reason in ("stop", "length") else StopReason.ABORT
         return SampleResult(
             token_ids=[int(i) for i in ids],
             logprobs=values,

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable
 
 from conveyor.engines.base import EngineError, SampleRequest, SampleResult
-from conveyor.types import FinishReason, TokenIds
+from conveyor.types import StopReason, TokenIds
 
 Responder = Callable[[TokenIds], TokenIds]
 
@@ -35,6 +35,11 @@ class SimulatedEngine:
     Latency: `prefill_s_per_token` per prompt token, then per decoded token
     `decode_s_per_token + decode_batch_slope_s * (in_flight - 1)`, so a lone request decodes at
     `decode_s_per_token` per token and each concurrent request adds the slope.
+
+    Statistics (`EngineStats`): every request in flight runs (none waits), and holds its prompt
+    plus the tokens decoded so far in a KV cache of `kv_capacity_tokens`; the default 0 reports
+    no cache, so `auto` keeps its rules for engines without a KV reading. `max_model_len` is
+    reported as given (0: no limit); the engine itself does not enforce either.
     """
 
     def __init__(
@@ -50,6 +55,8 @@ class SimulatedEngine:
         decode_s_per_token: float = 0.0,
         decode_batch_slope_s: float = 0.0,
         fail_probability: float = 0.0,
+        kv_capacity_tokens: int = 0,
+        max_model_len: int = 0,
     ):
         if not 0 <= vocab_lo < vocab_hi:
             raise ValueError(f"need 0 <= vocab_lo < vocab_hi, got {vocab_lo}, {vocab_hi}")
@@ -59,6 +66,8 @@ class SimulatedEngine:
             raise ValueError(f"fail_probability must be in [0, 1], got {fail_probability}")
         if min(prefill_s_per_token, decode_s_per_token, decode_batch_slope_s) < 0:
             raise ValueError("latency parameters must not be negative")
+        if min(kv_capacity_tokens, max_model_len) < 0:
+            raise ValueError("kv_capacity_tokens and max_model_len must not be negative")
         self._responder = responder
         self.eos_token_id = eos_token_id
         self.seed = seed
@@ -69,6 +78,9 @@ class SimulatedEngine:
         self.decode_s_per_token = decode_s_per_token
         self.decode_batch_slope_s = decode_batch_slope_s
         self.fail_probability = fail_probability
+        self._kv_capacity_tokens = kv_capacity_tokens
+        self._max_model_len = max_model_len
+        self._kv_used_tokens = 0
         self._policy_version = 0
         self._in_flight = 0
         self._peak_in_flight = 0
@@ -96,6 +108,31 @@ class SimulatedEngine:
         """Bumped by every `update_weights`."""
         return self._policy_version
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The cache size given at construction (0: no cache reported)."""
+        return self._kv_capacity_tokens
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """Prompt and decoded tokens of the requests in flight."""
+        return self._kv_used_tokens
+
+    @property
+    def running_requests(self) -> int:
+        """Every request in flight runs: the simulated batch has no limit."""
+        return self._in_flight
+
+    @property
+    def waiting_requests(self) -> int:
+        """Always 0: no request waits for room."""
+        return 0
+
+    @property
+    def max_model_len(self) -> int:
+        """The context limit given at construction (0: none)."""
+        return self._max_model_len
+
     async def update_weights(self, responder: Responder | None = None) -> int:
         """Simulate a weight update: bump the policy version, optionally swap the responder.
 
@@ -119,6 +156,8 @@ class SimulatedEngine:
         version = self._policy_version
         self._in_flight += 1
         self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+        held = len(request.prompt_ids)
+        self._kv_used_tokens += held
         try:
             await asyncio.sleep(0)
             if rng.random() < self.fail_probability:
@@ -133,9 +172,10 @@ class SimulatedEngine:
             )
             token_ids, finish_reason = self._cut(proposed, request)
             logprobs = [-(rng.random() * 4.0 + 1e-3) for _ in token_ids]
-            await self._decode(len(token_ids))
+            held += await self._decode(len(token_ids))
         finally:
             self._in_flight -= 1
+            self._kv_used_tokens -= held
         return SampleResult(
             token_ids=token_ids,
             logprobs=logprobs,
@@ -154,26 +194,37 @@ class SimulatedEngine:
             ids.append(self.eos_token_id)
         return ids
 
-    def _cut(self, proposed: TokenIds, request: SampleRequest) -> tuple[TokenIds, FinishReason]:
+    def _cut(self, proposed: TokenIds, request: SampleRequest) -> tuple[TokenIds, StopReason]:
         stops = set(request.stop_token_ids)
         if self.eos_token_id is not None:
             stops.add(self.eos_token_id)
         for index, token in enumerate(proposed[: request.max_tokens]):
             if token in stops:
-                return list(proposed[: index + 1]), "stop"
+                return list(proposed[: index + 1]), StopReason.STOP
         if len(proposed) >= request.max_tokens:
-            return list(proposed[: request.max_tokens]), "length"
-        return list(proposed), "stop"
+            return list(proposed[: request.max_tokens]), StopReason.LENGTH
+        return list(proposed), StopReason.STOP
 
-    async def _decode(self, n_tokens: int) -> None:
+    async def _decode(self, n_tokens: int) -> int:
+        """Spend the decode time of `n_tokens`, holding each decoded chunk in the KV cache
+        from when it is decoded; returns the tokens added to `kv_used_tokens`."""
         if self.decode_s_per_token == 0.0 and self.decode_batch_slope_s == 0.0:
-            return
+            self._kv_used_tokens += n_tokens
+            return n_tokens
         done = 0
-        while done < n_tokens:
-            chunk = min(_DECODE_CHUNK_TOKENS, n_tokens - done)
-            per_token = self.decode_s_per_token + self.decode_batch_slope_s * (self._in_flight - 1)
-            await asyncio.sleep(chunk * per_token)
-            done += chunk
+        try:
+            while done < n_tokens:
+                chunk = min(_DECODE_CHUNK_TOKENS, n_tokens - done)
+                per_token = self.decode_s_per_token + self.decode_batch_slope_s * (
+                    self._in_flight - 1
+                )
+                await asyncio.sleep(chunk * per_token)
+                done += chunk
+                self._kv_used_tokens += chunk
+        except asyncio.CancelledError:
+            self._kv_used_tokens -= done  # the caller only frees what `_decode` returned
+            raise
+        return done
 
 
 def _keyed_rng(seed: int, session_id: str, call_index: int) -> random.Random:

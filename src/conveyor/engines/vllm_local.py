@@ -15,6 +15,12 @@ Logprobs are `processed_logprobs`: those of the distribution the token was sampl
 temperature (and top-p/top-k, which the built-in trainer does not apply: keep top_p at 1 for
 training). vLLM's default, `raw_logprobs`, reports the temperature-1 distribution whatever the
 sampling temperature, which is not what the trainer's logits / temperature compute.
+
+Scheduler and KV-cache figures (`EngineStats`) are read from the in-process engine core's
+scheduler by the engine thread after every step, and served from that snapshot: the reading
+thread never touches vLLM's structures while a step mutates them. vLLM's own stats path
+(`SchedulerStats`, `LLM.get_metrics()`) needs `log_stats` and its loggers; the scheduler holds the
+same numbers (`get_request_counts()`, the block pool behind `kv_cache_usage`).
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from conveyor.engines.base import (
     EngineError,
@@ -39,16 +46,37 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
+from conveyor.types import StopReason
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from vllm import RequestOutput, SamplingParams
+    from vllm.logprobs import Logprob
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+T = TypeVar("T")
 
 # Seconds between checks that the engine thread still lives while a command waits for it.
 _LIVENESS_POLL_S = 1.0
 
 # Turns a finished vLLM request output and the policy version it ran under into a result.
-_Convert = Callable[[Any, int], Any]
+_Convert = Callable[["RequestOutput", int], Any]
+
+
+@dataclass(frozen=True)
+class _SchedulerSnapshot:
+    """The scheduler's figures after one engine step (see `EngineStats`)."""
+
+    kv_capacity_tokens: int = 0
+    kv_used_tokens: int = 0
+    running_requests: int = 0
+    waiting_requests: int = 0
 
 
 class VLLMEngine:
-    """A `SamplingClient` over an in-process vLLM engine stepped by its own thread."""
+    """A `SamplingClient`, `WeightReceiver` and `EngineStats` over an in-process vLLM engine
+    stepped by its own thread."""
 
     def __init__(
         self,
@@ -97,6 +125,8 @@ class VLLMEngine:
         self._in_flight = 0
         self._closed = False
         self._failure: BaseException | None = None
+        self._scheduler = _scheduler_of(self._engine)
+        self._stats = self._read_stats()
         self._thread = threading.Thread(target=self._loop, name="vllm-engine", daemon=True)
         self._thread.start()
 
@@ -115,6 +145,44 @@ class VLLMEngine:
         """Bumped by every `update_weights`."""
         return self._version
 
+    # --- statistics (EngineStats) ---------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds: usable blocks x block size (0 if the scheduler is not in
+        this process)."""
+        return self._stats.kv_capacity_tokens
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """Tokens of the blocks running requests hold (vLLM's `kv_cache_usage` x capacity)."""
+        return self._stats.kv_used_tokens
+
+    @property
+    def running_requests(self) -> int:
+        """Requests in vLLM's running batch after the last step."""
+        return self._stats.running_requests
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests in vLLM's waiting queue (new or preempted) after the last step."""
+        return self._stats.waiting_requests
+
+    def _read_stats(self) -> _SchedulerSnapshot:
+        """Read the scheduler (engine thread only, or before it starts)."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return _SchedulerSnapshot()
+        pool = scheduler.kv_cache_manager.block_pool
+        usable = pool.num_gpu_blocks - 1  # vLLM's null block never holds tokens
+        held = max(0, usable - pool.get_num_free_blocks())
+        running, waiting = scheduler.get_request_counts()
+        return _SchedulerSnapshot(
+            kv_capacity_tokens=usable * scheduler.block_size,
+            kv_used_tokens=held * scheduler.block_size,
+            running_requests=running,
+            waiting_requests=waiting,
+        )
+
     # --- engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
         try:
@@ -128,15 +196,19 @@ class VLLMEngine:
                 except queue.Empty:
                     pass
                 if self._engine.has_unfinished_requests():
-                    for output in self._engine.step():
-                        if output.finished:
-                            self._resolve(output)
+                    outputs = self._engine.step()
+                    self._stats = self._read_stats()
+                    for output in outputs:
+                        if output.finished:  # only generation requests are ever added
+                            self._resolve(cast("RequestOutput", output))
+                else:
+                    self._stats = self._read_stats()
         except BaseException as exc:  # the engine died: fail every waiter, refuse new work
             self._failure = exc
             for request_id in list(self._waiters):
                 self._fail(request_id, EngineError(f"vLLM engine failed: {exc!r}"))
 
-    def _resolve(self, output: Any) -> None:
+    def _resolve(self, output: RequestOutput) -> None:
         waiter = self._waiters.pop(output.request_id, None)
         if waiter is None:
             return
@@ -175,15 +247,19 @@ class VLLMEngine:
         return result
 
     async def _submit(
-        self, request_id: str, prompt_ids: Sequence[int], params: Any, convert: _Convert
-    ) -> Any:
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        convert: Callable[[RequestOutput, int], T],
+    ) -> T:
         """Queue one request to the engine thread and wait (bounded) for its converted output."""
         if self._closed or self._failure is not None:
             raise EngineError(f"vLLM engine is not running ({self._failure!r})")
         from vllm.inputs import TokensPrompt
 
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
 
         def add() -> None:
@@ -213,7 +289,7 @@ class VLLMEngine:
         self._engine.abort_request([request_id])
 
     async def update_weights(
-        self, weights: Iterable[tuple[str, Any]], version: int | None = None
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
         """Load new weights (HF names, full tensors) into the live engine; returns seconds taken.
 
@@ -257,7 +333,7 @@ class VLLMEngine:
         )
         return weights.model_copy(update={"probe_logprobs": logprobs})
 
-    async def _call(self, fn: Callable[[], Any]) -> Any:
+    async def _call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread between two steps and return its result.
 
         Raises `EngineError` if the engine is not running, or stops before `fn` ran: a command
@@ -265,7 +341,7 @@ class VLLMEngine:
         """
         if self._closed or self._failure is not None:
             raise EngineError(f"vLLM engine is not running ({self._failure!r})")
-        done: Future[Any] = Future()
+        done: Future[T] = Future()
 
         def command() -> None:
             try:
@@ -294,6 +370,16 @@ class VLLMEngine:
             self._fail(request_id, EngineError("vLLM engine closed"))
 
 
+def _scheduler_of(engine: LLMEngine) -> Scheduler | None:
+    """The V1 scheduler of an in-process `LLMEngine`, or None where it lives in another process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=1`) or a vLLM version moved it: statistics then read 0,
+    which `auto` takes as no KV reading."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    needed = ("kv_cache_manager", "get_request_counts", "block_size")
+    return scheduler if all(hasattr(scheduler, name) for name in needed) else None
+
+
 @contextmanager
 def _kernel_scan_safe() -> Iterator[None]:
     """Hide objects that break vLLM 0.32's start-up scan of every module's namespace.
@@ -312,31 +398,40 @@ def _kernel_scan_safe() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _sample_result(output: Any, version: int) -> SampleResult:
+def _sample_result(output: RequestOutput, version: int) -> SampleResult:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     logprobs = [
-        float(position[token].logprob)
+        _logprob(position, token)
         for position, token in zip(completion.logprobs or [], ids, strict=True)
     ]
-    reason = completion.finish_reason if completion.finish_reason in ("stop", "length") else "abort"
+    finish = completion.finish_reason
+    reason = StopReason(finish) if finish in ("stop", "length") else StopReason.ABORT
     return SampleResult(
         token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
     )
 
 
 def _prompt_logprobs(probe: list[int]) -> _Convert:
-    def convert(output: Any, _version: int) -> list[float]:
+    def convert(output: RequestOutput, _version: int) -> list[float]:
         positions = output.prompt_logprobs or []
         if len(positions) != len(probe):
             raise ValueError(f"{len(positions)} prompt logprobs for {len(probe)} probe tokens")
         pairs = zip(positions[1:], probe[1:], strict=True)
-        return [0.0] + [float(at[token].logprob) for at, token in pairs]
+        return [0.0] + [_logprob(at, token) for at, token in pairs]
 
     return convert
 
 
-def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+def _logprob(position: dict[int, Logprob] | None, token: int) -> float:
+    """The logprob vLLM reported for `token` at one position (a malformed output fails only
+    its own request: `_resolve` turns the error into that request's `EngineError`)."""
+    if position is None or token not in position:
+        raise ValueError(f"no logprob reported for token {token}")
+    return float(position[token].logprob)
+
+
+def _set_result(future: asyncio.Future[T], value: T) -> None:
     if not future.done():
         future.set_result(value)
 

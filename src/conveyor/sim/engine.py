@@ -172,6 +172,9 @@ class _Replica:
 class SimEngine:
     """The simulated engine fleet: `engine_replicas` replicas, sessions routed stickily by hash.
 
+    Reports `EngineStats` and `EngineCounters` (`conveyor.engines.base`) as vLLM does, so the
+    `auto` dispatcher reads the same figures here as on a real engine.
+
     `occupancy_reference` is the best feasible batch per replica; utilisation is measured
     against it (a replica running that many requests all the time scores 1.0).
     """
@@ -206,6 +209,16 @@ class SimEngine:
         """KV-cache tokens held by running requests now, over all replicas (vLLM's
         `kv_cache_usage_perc` x capacity: cached prefixes of idle sessions are not counted)."""
         return sum(replica.kv_used for replica in self._replicas)
+
+    @property
+    def running_requests(self) -> int:
+        """Requests in a replica's batch now, over all replicas."""
+        return sum(len(replica.running) for replica in self._replicas)
+
+    @property
+    def waiting_requests(self) -> int:
+        """Requests queued for a replica's batch (new or preempted), over all replicas."""
+        return sum(len(replica.waiting) for replica in self._replicas)
 
     def start(self) -> None:
         """Start the replicas' schedulers on the running loop."""
