@@ -141,13 +141,8 @@ async def run_training(
     config = resolved.config
     train = config.rl
     armed()  # a malformed fault-injection setting fails here, not at its kill point
-    if resume is not None:
-        run_dir = resume
-        if not (run_dir / "config.yaml").is_file():
-            raise FileNotFoundError(f"{run_dir} is not a training run folder (no config.yaml)")
-    else:
-        run_dir = make_run_dir(config, "train")
-        (run_dir / "config.yaml").write_text(config_to_yaml(config))
+    if resume is not None and not (resume / "config.yaml").is_file():
+        raise FileNotFoundError(f"{resume} is not a training run folder (no config.yaml)")
     if train.steps and config.sampling.top_p < 1:
         # vLLM's processed logprobs are taken after the nucleus cut; the trainer's are not.
         raise ConfigError(
@@ -156,16 +151,26 @@ async def run_training(
         )
     started = time.monotonic()
     parts = Composition(config)
-    model_dir, tokenizer = parts.model_dir, parts.tokenizer
     client = parts.engine
     if (train.steps or train.sft_steps) and not isinstance(client, WeightReceiver):
-        # Refused before any evaluation: RL needs an engine that takes weights and proves it.
+        # Refused in the first seconds: before the tokenizer, the run folder and any
+        # evaluation, since RL needs an engine that takes weights and proves it.
         await parts.close()
         raise ConfigError(
             f"engine.kind={config.engine.kind!r} cannot take new weights in place and report "
             "what it serves (update_weights + weight_fingerprint); `conveyor train` needs "
-            "engine.kind='vllm' (or train.steps=0 and train.sft_steps=0: evaluation only)"
+            "engine.kind 'vllm' or 'hf' (or rl.steps=0 and rl.sft_steps=0: evaluation only)"
         )
+    try:
+        if resume is not None:
+            run_dir = resume
+        else:
+            run_dir = make_run_dir(config, "train")
+            (run_dir / "config.yaml").write_text(config_to_yaml(config))
+        model_dir, tokenizer = parts.model_dir, parts.tokenizer
+    except BaseException:
+        await parts.close()
+        raise
     timings: dict[str, float] = {"engine_start_s": time.monotonic() - started}
     eval_sampling = SamplingConfig(
         temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed

@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 
 from conveyor.config.base import Section
 from conveyor.config.sections import (
+    AUTO,
     AgentConfig,
     DispatchConfig,
     EngineConfig,
@@ -63,7 +64,11 @@ class ConveyorConfig(Section):
     @model_validator(mode="after")
     def _deadlines_and_bounds_fit(self) -> Self:
         """Refuse settings whose budgets cannot all hold, naming every offending key."""
-        problems = [*_pool_problems(self.dispatch), *_budget_problems(self)]
+        problems = [
+            *_pool_problems(self.dispatch),
+            *_budget_problems(self),
+            *_runtime_problems(self),
+        ]
         if problems:
             raise ValueError(
                 "settings that cannot work together: " + "; ".join(problems) + " (checked at "
@@ -100,6 +105,25 @@ def _budget_problems(config: "ConveyorConfig") -> list[str]:
                 f"dispatch.reward_timeout_s ({dispatch.reward_timeout_s:g}) is below the "
                 f"'{name}' family's grading budget ({budget:g} s): a slow test run the policy "
                 "caused would end as an infrastructure error, retried and never scored"
+            )
+    return problems
+
+
+def _runtime_problems(config: "ConveyorConfig") -> list[str]:
+    """Every configured family must be able to use `runtime.kind` (each declares `runtimes`)."""
+    kind = config.runtime.kind
+    if kind == AUTO:
+        return []
+    problems = []
+    for name in config.tasks.families:
+        try:
+            supported = getattr(FAMILIES.get(name), "runtimes", None)
+        except KeyError:
+            continue  # reported by the tasks section's own check
+        if isinstance(supported, tuple | list) and kind not in supported:
+            problems.append(
+                f"runtime.kind ({kind!r}) cannot host the '{name}' family's rollouts; it "
+                f"supports {', '.join(supported)} (runtime.kind 'auto' picks {supported[0]!r})"
             )
     return problems
 

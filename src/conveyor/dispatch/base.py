@@ -35,7 +35,7 @@ from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.engines.base import EngineDown
 from conveyor.runtime.base import Runtime
-from conveyor.types import Status, Task, TaskDefect, Trajectory, TrajectoryGroup
+from conveyor.types import EndReason, Status, Task, TaskDefect, Trajectory, TrajectoryGroup
 
 __all__ = ["Dispatcher", "EngineProbe", "RolloutJob", "Stage"]
 
@@ -333,7 +333,7 @@ class Dispatcher:
                 task_id=job.task.id,
                 sample_index=job.sample_index,
                 status=Status.TIMEOUT,
-                stop_reason="run_timeout",
+                stop_reason=EndReason.RUN_TIMEOUT,
                 error=f"run stage exceeded {self.settings.run_timeout_s:g}s",
             )
         except (TaskDefect, EngineDown):
@@ -415,7 +415,10 @@ class Dispatcher:
         )
 
     def _emit_infra_error(
-        self, job: RolloutJob, error: str, stop_reason: str = "infra_retries_exhausted"
+        self,
+        job: RolloutJob,
+        error: str,
+        stop_reason: EndReason = EndReason.INFRA_RETRIES_EXHAUSTED,
     ) -> None:
         job.timings["finished"] = self.now()
         record = Trajectory(
@@ -432,7 +435,7 @@ class Dispatcher:
     def _emit_stopped(self, job: RolloutJob) -> None:
         assert self._stop is not None
         self._stopped += 1
-        self._emit_infra_error(job, str(self._stop), stop_reason="engine_down")
+        self._emit_infra_error(job, str(self._stop), stop_reason=EndReason.ENGINE_DOWN)
 
     def _emit(self, trajectory: Trajectory, job: RolloutJob) -> None:
         job.trajectory = None

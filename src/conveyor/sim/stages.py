@@ -14,7 +14,7 @@ from typing import Any
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.swe import RolloutPlan, SweSimWorkload, plan_rollout
-from conveyor.types import Status, Task, Trajectory
+from conveyor.types import EndReason, Status, Task, Trajectory
 
 ATTEMPT_FILE = "/sim/attempt"
 
@@ -175,7 +175,7 @@ class SimEnvironment:
             task_id=task.id,
             sample_index=sample_index,
             status=Status.TRUNCATED if plan.truncated else Status.OK,
-            stop_reason="context_length" if plan.truncated else "finish",
+            stop_reason=EndReason.CONTEXT_LENGTH if plan.truncated else EndReason.FINISH,
             counters={"tool_calls": len(plan.turns)},
             metrics={
                 "prompt_tokens": float(self.workload.prompt_tokens),
