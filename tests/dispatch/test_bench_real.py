@@ -138,3 +138,5 @@ def test_real_workload_reports_every_strategy(model_dir: Path) -> None:
         assert sum(numbers["statuses"].values()) == 3 * 8  # every rollout, each with its status
         assert 0 <= numbers["mean_reward"] <= 1
     assert report["ratios"]["pipeline_over_bounded_batch"]["min"] > 0
+    # every run started with vLLM's prefix cache really emptied, not only the code indexes
+    assert all(run["reset"]["prefix_cache"] is True for run in report["runs"])

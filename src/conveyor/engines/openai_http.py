@@ -92,12 +92,9 @@ class OpenAICompatibleClient:
 
     @property
     def policy_version(self) -> int:
-        """The server's weights are opaque to us; bumped by `mark_weights_updated`."""
+        """The server's weights are opaque to this client, which cannot replace them: the
+        version it was built with (0)."""
         return self._version
-
-    def mark_weights_updated(self) -> None:
-        """Record that the server now serves new weights (after an external sync)."""
-        self._version += 1
 
     def payload(self, request: SampleRequest) -> dict[str, Any]:
         """The JSON body for one request."""

@@ -311,6 +311,14 @@ class VLLMEngine:
         seconds: float = await self._call(apply)
         return seconds
 
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix, so a benchmark's next contender starts cold."""
+
+        def reset() -> None:
+            self._engine.reset_prefix_cache()
+
+        await self._call(reset)
+
     async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
         """Digests of the readable weights and the prompt logprobs of `probe_ids`, as served now.
 

@@ -24,13 +24,9 @@ STOP_WORDS = frozenset(
 )
 
 
-def split_identifier(name: str) -> list[str]:
-    """Lower-cased word parts of an identifier: `parse_HTTPResponse` -> [parse, http, response]."""
-    return list(_split(name))
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _split(name: str) -> tuple[str, ...]:
+    """Lower-cased word parts of an identifier: `parse_HTTPResponse` -> (parse, http, response)."""
     return tuple(part.lower() for chunk in name.split("_") for part in _PARTS.findall(chunk))
 
 
