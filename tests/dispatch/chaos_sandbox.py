@@ -23,6 +23,7 @@ from conveyor.rollout import AgentStages
 from conveyor.runtime.base import ExecResult, Runtime
 from conveyor.runtime.bubblewrap import BubblewrapRuntime
 from conveyor.runtime.limits import MiB
+from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import Workspace, make_workspace
 from conveyor.types import Task, ToolCall, Trajectory
 
@@ -111,12 +112,7 @@ class ChaosSandboxFamily:
         )
         runtime = ChaosRuntime(workspace, Path(sys.prefix))
         self.sandbox_ids.append(runtime.sandbox_id)
-        try:
-            await runtime.start()
-        except BaseException:
-            await runtime.close()
-            raise
-        return runtime
+        return await started(runtime)
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         if fault_of(task) == "policy_hang":

@@ -58,6 +58,26 @@ async def _run(
     return out, env, engine, dispatcher
 
 
+async def _peak_run(strategy: str, **knobs: Any) -> tuple[int, float, list[Trajectory]]:
+    """One dispatch of WORKLOAD: the most requests the engine held at once, the makespan and
+    the rollouts."""
+    engine, env, dispatcher = _make(WORKLOAD, strategy, **knobs)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, engine.in_flight)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    out = [t async for t in dispatcher.rollouts(env.tasks(), WORKLOAD.samples_per_task)]
+    makespan = dispatcher.now()
+    watcher.cancel()
+    await engine.close()
+    return peak, makespan, out
+
+
 @pytest.mark.parametrize("strategy", ["pipeline", "auto"])
 def test_the_first_turn_overlaps_init_and_generates_the_same_tokens(strategy: str) -> None:
     early, env_early, engine_early, _ = run_virtual(_run(WORKLOAD, strategy))
@@ -96,25 +116,8 @@ def test_the_overlap_control_is_registered_and_bounded_by_its_slots() -> None:
     assert "bounded_batch_overlap" in STRATEGIES.names()
     assert DispatchSettings(strategy="bounded_batch_overlap").strategy == "bounded_batch_overlap"
 
-    async def scenario(strategy: str) -> tuple[int, float, list[Trajectory]]:
-        engine, env, dispatcher = _make(WORKLOAD, strategy, max_parallel=5)
-        peak = 0
-
-        async def watch() -> None:
-            nonlocal peak
-            while True:
-                peak = max(peak, engine.in_flight)
-                await asyncio.sleep(0.05)
-
-        watcher = asyncio.create_task(watch())
-        out = [t async for t in dispatcher.rollouts(env.tasks(), WORKLOAD.samples_per_task)]
-        makespan = dispatcher.now()
-        watcher.cancel()
-        await engine.close()
-        return peak, makespan, out
-
-    peak, overlapped, out = run_virtual(scenario("bounded_batch_overlap"))
-    _, plain, plain_out = run_virtual(scenario("bounded_batch"))
+    peak, overlapped, out = run_virtual(_peak_run("bounded_batch_overlap", max_parallel=5))
+    _, plain, plain_out = run_virtual(_peak_run("bounded_batch", max_parallel=5))
     assert len(out) == len(plain_out) == WORKLOAD.trajectories
     assert all(t.status is Status.OK or t.status is Status.TRUNCATED for t in out)
     assert all(t.timings["head_start"] == t.timings["init_start"] for t in out)
@@ -144,24 +147,7 @@ def test_a_failed_init_cancels_its_first_turn() -> None:
 def test_first_turns_only_take_free_run_pool_places() -> None:
     """A first turn is run-stage work on the engine: with a run pool of 2 and 4 inits at a time,
     the engine never holds more than 2 of our requests."""
-
-    async def scenario() -> tuple[int, list[Trajectory]]:
-        engine, env, dispatcher = _make(WORKLOAD, "pipeline", p_init=4, p_run=2, p_reward=2)
-        peak = 0
-
-        async def watch() -> None:
-            nonlocal peak
-            while True:
-                peak = max(peak, engine.in_flight)
-                await asyncio.sleep(0.05)
-
-        watcher = asyncio.create_task(watch())
-        out = [t async for t in dispatcher.rollouts(env.tasks(), WORKLOAD.samples_per_task)]
-        watcher.cancel()
-        await engine.close()
-        return peak, out
-
-    peak, out = run_virtual(scenario())
+    peak, _, out = run_virtual(_peak_run("pipeline", p_init=4, p_run=2, p_reward=2))
     assert len(out) == WORKLOAD.trajectories
     assert peak == 2
     assert any("head_start" in t.timings for t in out)

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from conveyor.runtime.workspace import (
     time_methods,
 )
 from conveyor.types import Task
+from crashed_workspace import orphan_workspace
 
 BWRAP_OK, BWRAP_REASON = bubblewrap_available()
 needs_bwrap = pytest.mark.skipif(not BWRAP_OK, reason=f"bubblewrap unusable here: {BWRAP_REASON}")
@@ -156,18 +156,7 @@ def test_hardlinks_refuse_a_template_the_sandbox_user_could_write(tmp_path: Path
 def test_sweep_removes_what_a_crashed_process_left(tmp_path: Path) -> None:
     template = make_template(tmp_path / "template")
     root = tmp_path / "root"
-    crash = (
-        "import os, sys\nfrom pathlib import Path\n"
-        "from conveyor.runtime.workspace import make_workspace\n"
-        "w = make_workspace(Path(sys.argv[1]), Path(sys.argv[2]))\n"
-        "print(w.path, flush=True)\nos._exit(9)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", crash, str(template), str(root)], capture_output=True, text=True
-    )
-    assert done.returncode == 9, done.stderr
-    orphan = Path(done.stdout.strip())
-    assert orphan.exists()
+    orphan = orphan_workspace(template, root)
     mine = make_workspace(template, root)
     assert sweep_stale(root) == [orphan]
     assert not orphan.exists() and not mounted(orphan)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from conveyor.swe import grading as grading_module
 from conveyor.swe.family import SweFamily, SweRuntime, gold_edits
 from conveyor.swe.grading import row_template
 from conveyor.tasks.family import get_family
+from crashed_workspace import orphan_workspace
 
 AVAILABLE, WHY = bubblewrap_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=WHY)
@@ -191,18 +190,7 @@ def test_the_first_rollout_sweeps_workspaces_a_crashed_process_left(
 ) -> None:
     template = row_template(tiny_row())
     root = family_module.swe_home() / "workspaces"
-    crash = (
-        "import os, sys\nfrom pathlib import Path\n"
-        "from conveyor.runtime.workspace import make_workspace\n"
-        "w = make_workspace(Path(sys.argv[1]), Path(sys.argv[2]))\n"
-        "print(w.path, flush=True)\nos._exit(9)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", crash, str(template), str(root)], capture_output=True, text=True
-    )
-    assert done.returncode == 9, done.stderr
-    orphan = Path(done.stdout.strip())
-    assert orphan.exists()
+    orphan = orphan_workspace(template, root)
     monkeypatch.setattr(family_module, "_SWEPT_ROOTS", set())  # as in a new process
     family = _swe("auto")
 

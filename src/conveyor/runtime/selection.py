@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.limits import SandboxLimits
+
+R = TypeVar("R", bound=Runtime)
 
 
 def _no_env(root: str) -> dict[str, str]:
@@ -86,7 +88,11 @@ def build_runtime(kind: str, request: RuntimeRequest, settings: RuntimeConfig) -
 
 async def start_runtime(kind: str, request: RuntimeRequest, settings: RuntimeConfig) -> Runtime:
     """`build_runtime`, started; closed again if it fails to start."""
-    runtime = build_runtime(kind, request, settings)
+    return await started(build_runtime(kind, request, settings))
+
+
+async def started(runtime: R) -> R:
+    """`runtime` after `start()`; closed again (nothing leaks) if it fails to start."""
     try:
         await runtime.start()
     except BaseException:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from conveyor.config import ConveyorConfig
 from conveyor.engines.base import SampleRequest, SampleResult
+from conveyor.engines.factory import vllm_options
 from conveyor.engines.vllm_local import VLLMEngine
 from conveyor.registry import ENGINES
 
@@ -30,13 +31,4 @@ class CountingVLLMEngine(VLLMEngine):
 @ENGINES.register("counting_vllm")
 def build_counting_engine(config: ConveyorConfig, model_dir: Path) -> CountingVLLMEngine:
     """The `vllm` engine's settings, on the counting subclass."""
-    engine = config.engine
-    return CountingVLLMEngine(
-        model_dir,
-        max_num_seqs=engine.max_num_seqs,
-        max_model_len=config.agent.max_context_tokens,
-        kv_cache_gib=engine.kv_cache_gib,
-        dtype=engine.dtype,
-        seed=config.sampling.sampling_seed or 0,
-        request_timeout_s=engine.request_timeout_s,
-    )
+    return CountingVLLMEngine(model_dir, **vllm_options(config))
