@@ -16,7 +16,7 @@ from conveyor.registry import STRATEGIES
 class SerialDispatcher(Dispatcher):
     """Each rollout's init, run and reward finish before the next rollout is admitted."""
 
-    async def _schedule(self, jobs: Iterator[RolloutJob]) -> None:
+    async def schedule(self, jobs: Iterator[RolloutJob]) -> None:
         count = 0
         for job in jobs:
             await self.admit(job)
