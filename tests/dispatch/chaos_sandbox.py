@@ -137,7 +137,6 @@ class ScriptedChaosStages(AgentStages):
 
     def __init__(self, *args: Any, family: type[ChaosSandboxFamily], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.family = family
         self.fills: dict[tuple[str, int], ExecResult] = {}
         self.wedged: set[tuple[str, int]] = set()
         self.disk_full = HostDiskFull(family.root)
