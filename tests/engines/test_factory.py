@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.config import ConveyorConfig, EngineConfig
+from conveyor.config import ConveyorConfig, EngineConfig, load_config
 from conveyor.engines.base import SampleRequest, SampleResult, SamplingClient, WeightReceiver
 from conveyor.engines.factory import build_engine, load_tokenizer
 from conveyor.engines.simulated import SimulatedEngine
@@ -16,8 +16,8 @@ from conveyor.types import StopReason
 
 
 def _config(kind: str, **engine: object) -> ConveyorConfig:
-    # model_construct: until config validates engine.kind against the registry, its Literal
-    # refuses 'hf' and user-registered kinds; the factory itself must not care
+    # model_construct: the factory itself must not rely on config validation (the unknown-kind
+    # test hands it a name that validation would refuse first)
     return ConveyorConfig.model_construct(engine=EngineConfig.model_construct(kind=kind, **engine))
 
 
@@ -57,6 +57,17 @@ def test_engine_kind_simulated_samples_from_the_model_vocabulary(model_dir: Path
 def test_an_unknown_kind_names_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(UnknownName, match=r"unknown engine kind 'hff'.*did you mean 'hf'"):
         build_engine(_config("hff"), tmp_path)
+
+
+def test_the_openai_engine_asks_for_the_served_model_name(tmp_path: Path) -> None:
+    """`engine.served_model_name` is the name requests carry; without it, the folder's path
+    (what a server started with `--model PATH` serves)."""
+    request = SampleRequest(prompt_ids=[1, 2], max_tokens=4)
+    base = ["engine.kind=openai", "engine.base_url=http://127.0.0.1:9/v1"]
+    named = load_config(None, [*base, "engine.served_model_name=smol"]).config
+    assert build_engine(named, tmp_path).payload(request)["model"] == "smol"  # type: ignore[attr-defined]
+    plain = load_config(None, base).config
+    assert build_engine(plain, tmp_path).payload(request)["model"] == str(tmp_path)  # type: ignore[attr-defined]
 
 
 class _EchoEngine:

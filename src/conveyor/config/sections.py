@@ -47,6 +47,12 @@ class EngineConfig(Section):
         description="URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1; "
         "required when kind is 'openai'.",
     )
+    served_model_name: str | None = Field(
+        default=None,
+        description="engine.kind 'openai': the model name the server serves (its "
+        "--served-model-name); null sends the model folder's path, which is what a server "
+        "started with --model PATH serves.",
+    )
     api_key_env: str = Field(
         default="OPENAI_API_KEY",
         description="Name of the environment variable holding the server's API key (the key "

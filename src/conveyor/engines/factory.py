@@ -67,7 +67,8 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
 
 @ENGINES.register("openai")
 def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
-    """A client of the OpenAI-compatible server at `engine.base_url`, asking for `model_dir`."""
+    """A client of the OpenAI-compatible server at `engine.base_url`, asking for
+    `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves)."""
     from conveyor.engines.openai_http import OpenAICompatibleClient
 
     engine = config.engine
@@ -75,7 +76,7 @@ def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
         raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
     return OpenAICompatibleClient(
         engine.base_url,
-        str(model_dir),
+        engine.served_model_name or str(model_dir),
         api_key_env=engine.api_key_env,
         timeout_s=engine.request_timeout_s,
         connect_timeout_s=engine.connect_timeout_s,
