@@ -313,3 +313,60 @@ def test_connection_settings_reach_the_client_from_config(model_dir: Path) -> No
         load_config(None, [*overrides[:2], "engine.reconnect_s=0"]).config
     ).run_timeout_s
     assert with_wait - without == config.agent.max_turns * 7
+
+
+def test_the_start_up_check_names_a_wrong_model_or_a_missing_server() -> None:
+    """`check_served` asks `/models` once: it passes for a served name, names what the server
+    serves for a wrong one, and says that no server answers for a dead URL."""
+    stand_in = _StandInServer()
+    try:
+        good = OpenAICompatibleClient(stand_in.url, "m")
+        wrong = OpenAICompatibleClient(stand_in.url, "/models/smol")
+
+        async def go() -> None:
+            try:
+                await good.check_served()
+                with pytest.raises(
+                    EngineError, match=r"serves \['m'\], not '/models/smol'.*served_model_name"
+                ):
+                    await wrong.check_served()
+            finally:
+                await good.close()
+                await wrong.close()
+
+        asyncio.run(go())
+    finally:
+        stand_in.stop()
+    dead = OpenAICompatibleClient(stand_in.url, "m", connect_timeout_s=1.0)
+
+    async def refused() -> None:
+        try:
+            with pytest.raises(EngineError, match="no OpenAI-compatible server answers at"):
+                await dead.check_served()
+        finally:
+            await dead.close()
+
+    asyncio.run(refused())
+
+
+def test_eval_refuses_a_model_the_server_does_not_serve_before_any_rollout(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    config = tmp_path / "defaults.yaml"
+    config.write_text("")
+    stand_in = _StandInServer()
+    try:
+        args = [sys.executable, "-m", "conveyor.cli", "eval", str(config)]
+        args += ["--set", "engine.kind=openai"]
+        args += ["--set", f"engine.base_url={stand_in.url}", "--set", f"run.dir={tmp_path / 'r'}"]
+        done = subprocess.run(
+            [*args, "--set", "engine.served_model_name=smol"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        stand_in.stop()
+    assert done.returncode == 2
+    assert "serves ['m'], not 'smol'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()  # refused before the run folder was made

@@ -85,6 +85,16 @@ class Composition:
             self.engine_start_s = time.monotonic() - started
         return self._engine
 
+    async def checked_engine(self) -> SamplingClient:
+        """The engine, after a server behind it said it serves the model (a wrong URL or
+        model name fails here, at start, not in the first rollout)."""
+        from conveyor.engines.base import ServedModelCheck
+
+        engine = self.engine
+        if isinstance(engine, ServedModelCheck):
+            await engine.check_served()
+        return engine
+
     def stages(
         self, sampling: SamplingConfig | None = None, engine: SamplingClient | None = None
     ) -> AgentStages:

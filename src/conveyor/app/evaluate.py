@@ -26,12 +26,17 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     parts = Composition(config)
     model_dir = parts.model_dir
     tasks = parts.tasks()
-    run_dir = make_run_dir(config, "eval")
-    (run_dir / "config.yaml").write_text(config_to_yaml(config))
     started = time.monotonic()
     parts.tokenizer  # noqa: B018 - loaded before the clock of the engine start stops
-    client = parts.engine
-    engine_ready = time.monotonic() - started
+    try:
+        # checked before the run folder exists: a wrong URL or model name leaves nothing behind
+        client = await parts.checked_engine()
+        engine_ready = time.monotonic() - started
+        run_dir = make_run_dir(config, "eval")
+    except BaseException:
+        await parts.close()
+        raise
+    (run_dir / "config.yaml").write_text(config_to_yaml(config))
     dispatcher = parts.dispatcher(parts.stages(), engine=client)
     k = config.tasks.group_size
     results: list[Trajectory] = []

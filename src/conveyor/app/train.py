@@ -162,6 +162,7 @@ async def run_training(
             "engine.kind 'vllm' or 'hf' (or rl.steps=0 and rl.sft_steps=0: evaluation only)"
         )
     try:
+        await parts.checked_engine()
         if resume is not None:
             run_dir = resume
         else:

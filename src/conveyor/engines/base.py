@@ -127,6 +127,15 @@ def readable_fingerprint(named: Iterable[tuple[str, Tensor]], version: int) -> W
 
 
 @runtime_checkable
+class ServedModelCheck(Protocol):
+    """An engine behind a server that can say, at start, whether it serves the asked-for model."""
+
+    async def check_served(self) -> None:
+        """Return if the server answers and serves the model; `EngineError` saying why not."""
+        ...
+
+
+@runtime_checkable
 class WeightReceiver(Protocol):
     """An engine whose weights a trainer replaces in place and can then verify.
 

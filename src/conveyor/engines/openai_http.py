@@ -186,6 +186,33 @@ class OpenAICompatibleClient:
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
             raise EngineError(f"{self.base_url}: the answer is not a JSON object: {exc}") from exc
 
+    async def check_served(self) -> None:
+        """At start: the server answers `/models` and lists `self.model`; otherwise an
+        `EngineError` that says which of the two failed (and, for a wrong name, what it serves)."""
+        import httpx
+
+        url = f"{self.base_url}/models"
+        try:
+            response = await self._client().get(url, timeout=self.connect_timeout_s)
+        except httpx.HTTPError as exc:
+            raise EngineError(
+                f"no OpenAI-compatible server answers at {self.base_url} ({type(exc).__name__}: "
+                f"{exc}); start one there or fix engine.base_url"
+            ) from exc
+        if response.status_code >= 400:
+            raise EngineError(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            served = [str(entry["id"]) for entry in response.json()["data"]]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(
+                f"{url} did not list models in the OpenAI format: {response.text[:200]}"
+            ) from exc
+        if self.model not in served:
+            raise EngineError(
+                f"the server at {self.base_url} serves {served}, not {self.model!r}; set "
+                "engine.served_model_name to the name it serves"
+            )
+
     async def _alive(self) -> bool:
         """Whether the server answers `/models` within `reconnect_s` (one check shared by all
         requests that fail meanwhile)."""
