@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.first_turn import FirstTurns
-from conveyor.dispatch.job import RolloutJob, Stage
+from conveyor.dispatch.job import RolloutJob, Stage, cancel_and_wait
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
@@ -514,7 +514,7 @@ class Dispatcher:
         if self.telemetry is not None:
             self.telemetry.sample(self.now(), self._snapshot())
         # a crash was already reported; a first turn's failure has nobody left to run it
-        await _cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         await self._first_turns.cancel_all()
         for runtime in list(self._open.values()):
@@ -524,15 +524,3 @@ class Dispatcher:
                 logger.warning("closing a runtime at shutdown failed", exc_info=True)
             self._release_live()
         self._open.clear()
-
-
-async def _cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
-    """Cancel every task, then wait for each to end, whatever it ends with."""
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    for task in pending:
-        try:
-            await task
-        except BaseException:  # cancelled, or failed: the caller has accounted for it
-            pass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from conveyor.dispatch.job import RolloutJob
+from conveyor.dispatch.job import RolloutJob, cancel_and_wait
 from conveyor.dispatch.stages import FirstTurnStages
 from conveyor.runtime.base import Runtime
 from conveyor.types import Trajectory
@@ -109,15 +109,9 @@ class FirstTurns:
         return await self.stages.run(job.task, job.sample_index, runtime, head=head)
 
     async def cancel_all(self) -> None:
-        """Cancel every first turn still generating and wait for each to end."""
-        pending = list(self._generating)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            try:
-                await task
-            except BaseException:  # cancelled, or failed: nobody is left to run it
-                pass
+        """Cancel every first turn still generating and wait for each to end (nobody is left
+        to run them)."""
+        await cancel_and_wait(self._generating)
 
 
 def _give_back(job: RolloutJob) -> None:
