@@ -58,10 +58,9 @@ class AgentStages:
         sampling: SamplingConfig | None = None,
         *,
         families: Mapping[str, TaskFamily] | None = None,
-        runtime: RuntimeConfig | None = None,
     ) -> AgentStages:
         """Stages for a run config: its template, tool format, budgets and sampling, with the
-        run's families (or ones built with the `runtime` settings)."""
+        run's families (or ones built with the config's `runtime` settings)."""
         model = config.model
         template = Path(model.chat_template).read_text() if model.chat_template else None
 
@@ -81,7 +80,7 @@ class AgentStages:
             sampling or config.sampling,
             rollout_timeout_s=config.agent.rollout_timeout_s,
             families=families,
-            runtime=runtime if runtime is not None else config.runtime,
+            runtime=config.runtime,
         )
 
     def family(self, name: str) -> TaskFamily:

@@ -7,7 +7,6 @@ family is wired once: each is looked up by name in `conveyor.registry`.
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +38,6 @@ class Composition:
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: SamplingClient | None = None
         self._families: dict[str, TaskFamily] | None = None
-        self.engine_start_s = 0.0
         from conveyor.runtime.cpu_pools import configure_cpu_pools
 
         # CPU-stage work (workspace copies, grading, index builds) gets threads sized by the
@@ -80,9 +78,7 @@ class Composition:
         if self._engine is None:
             from conveyor.engines.factory import build_engine
 
-            started = time.monotonic()
             self._engine = build_engine(self.config, self.model_dir)
-            self.engine_start_s = time.monotonic() - started
         return self._engine
 
     async def checked_engine(self) -> SamplingClient:

@@ -29,13 +29,12 @@ def load_tokenizer(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"cannot load the tokenizer of {model_dir}: {exc}; fix: point model.path at a "
             "complete Hugging Face model folder, or run `conveyor models prepare`"
         ) from exc
-    return tokenizer
 
 
 def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
