@@ -14,21 +14,6 @@ from conveyor.agent.codesearch.index import CodeIndex, IndexCache, content_hash,
 SAMPLE = Path(__file__).parents[2] / "fixtures" / "code_index_sample"
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample package plus a module that does not parse (kept out of the repository, where
-    it would break the linters)."""
-    root = tmp_path_factory.mktemp("sample") / "code_index_sample"
-    shutil.copytree(SAMPLE, root)
-    (root / "shapes" / "broken.py").write_text("def oops(:\n    return 1\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def index(sample: Path) -> CodeIndex:
-    return CodeIndex.build(sample)
-
-
 def _where(refs: list, path: str) -> list[int]:
     return sorted(r.line for r in refs if r.path == path)
 

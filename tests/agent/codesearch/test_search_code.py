@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -38,21 +36,6 @@ diff --git a/shapes/core.py b/shapes/core.py
          raise ValueError(text)
      return Polygon(name, int(sides or 0))
 """
-
-
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sample package plus a module that does not parse (kept out of the repository, where
-    it would break the linters)."""
-    root = tmp_path_factory.mktemp("sample") / "code_index_sample"
-    shutil.copytree(SAMPLE, root)
-    (root / "shapes" / "broken.py").write_text("def oops(:\n    return 1\n")
-    return root
-
-
-@pytest.fixture(scope="module")
-def index(sample: Path) -> CodeIndex:
-    return CodeIndex.build(sample)
 
 
 def _call(arguments: dict, state: dict) -> ToolOutcome:
