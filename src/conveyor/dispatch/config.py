@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from conveyor.config import ConveyorConfig, DispatchConfig
-from conveyor.registry import STRATEGIES
 
-AdmissionOrder = Literal["trajectory_major", "group_aware"]
 # Seconds the dispatcher waits past the agent loop's own wall budget before cancelling a run stage.
 RUN_TIMEOUT_GRACE_S = 30.0
 
@@ -19,12 +15,11 @@ class DispatchSettings(DispatchConfig):
 
     `run_timeout_s` is not a config key: it derives from `agent.rollout_timeout_s` (see
     `from_config`), so the run budget is set in one place. `strategy` may name any registered
-    strategy, not only the built-in ones.
+    strategy (the section's own check), not only the built-in ones.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    strategy: str = "pipeline"  # type: ignore[assignment]
     run_timeout_s: float = Field(default=3600.0, gt=0)
 
     @classmethod
@@ -44,8 +39,3 @@ class DispatchSettings(DispatchConfig):
             **config.dispatch.model_dump(),
             run_timeout_s=loop_bound + engine_bound + RUN_TIMEOUT_GRACE_S,
         )
-
-    @model_validator(mode="after")
-    def _known_strategy(self) -> DispatchSettings:
-        STRATEGIES.check(self.strategy)
-        return self
