@@ -11,6 +11,7 @@ import typer
 
 from conveyor.bench import search_cli, trainer_cli
 from conveyor.bench.cli import bench_app
+from conveyor.bridges.cli import bridge_app
 from conveyor.swe.cli import tasks_app
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(tasks_app, name="tasks")
 dev_app = typer.Typer(help="Developer tools that read conveyor's own source.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
+app.add_typer(bridge_app, name="bridge")
 
 SetOption = Annotated[
     list[str] | None,

@@ -46,6 +46,11 @@ LAYERS: tuple[Layer, ...] = (
         ("cli", "app", "view", "doctor", "bench", "devtools"),
         "commands: build the parts and run them",
     ),
+    Layer(
+        "bridges",
+        ("bridges", "gateway"),
+        "other training systems' backends and the recording gateway for outside agents",
+    ),
     Layer("sim", ("sim",), "the dispatch simulator the benchmarks drive"),
     Layer("recipes", ("swe", "tasks", "rollout"), "task families and the stages that run them"),
     Layer("trainer", ("trainer",), "the RL core: advantages, losses, steps, weight sync"),
