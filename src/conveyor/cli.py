@@ -210,6 +210,25 @@ def train_command(
     typer.echo(str(run_dir))
 
 
+@app.command("backends")
+def backends_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,
+) -> None:
+    """List the training backends (`trainer.backend`): version, whether `conveyor train` and
+    `conveyor eval` can use each here, how weights reach the sampler, and why not where not."""
+    from conveyor.app.backends import backend_infos
+
+    infos = backend_infos()
+    if as_json:
+        typer.echo(json.dumps({"backends": [info.as_json() for info in infos]}))
+        return
+    for info in infos:
+        usable = "train+eval" if info.train and info.eval else "eval" if info.eval else "unusable"
+        typer.echo(f"{info.name:8} {info.version or '-':12} {usable:10} sync: {info.sync}")
+        if info.reason:
+            typer.echo(f"{'':8} why: {info.reason}")
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Argument(help="A YAML config file (rl.sft_* settings).")],

@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from conveyor.runtime.selection import RuntimeBuilder
     from conveyor.tasks.family import TaskFamily
     from conveyor.trainer.advantages import AdvantageEstimator
+    from conveyor.trainer.backend import BackendSpec
 
 __all__ = [
     "ADVANTAGES",
+    "BACKENDS",
     "ENGINES",
     "EXECUTORS",
     "FAMILIES",
@@ -142,7 +144,11 @@ ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry(
     _same_module("conveyor.trainer.advantages", "grpo", "rloo", "reinforce_pp"),
 )
 ENGINES: Registry[EngineBuilder] = Registry(
-    "engine kind", _same_module("conveyor.engines.factory", "vllm", "openai", "simulated", "hf")
+    "engine kind",
+    {
+        **_same_module("conveyor.engines.factory", "vllm", "openai", "simulated", "hf"),
+        "tinker": "conveyor.bridges.tinker",
+    },
 )
 RUNTIMES: Registry[RuntimeBuilder] = Registry(
     "runtime kind",
@@ -163,5 +169,14 @@ FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
         "arithmetic": "conveyor.tasks.arithmetic",
         "filenav": "conveyor.tasks.filenav",
         "swe": "conveyor.swe.family",
+    },
+)
+BACKENDS: Registry[BackendSpec] = Registry(
+    "training backend",
+    {
+        "builtin": "conveyor.trainer.builtin",
+        "tinker": "conveyor.bridges.tinker",
+        "verl": "conveyor.bridges.verl",
+        "skyrl": "conveyor.bridges.skyrl",
     },
 )

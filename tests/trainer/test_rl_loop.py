@@ -66,7 +66,9 @@ def make_loop(
     )
     backend = TorchTrainingEngine(tiny, config.trainer)
     engine = HFEngine(tiny, eos_token_id=-1)
-    loop = RLLoop(config, PerVersionStages(engine), backend, engine.update_weights, TASKS, run_dir)
+    loop = RLLoop(
+        config, PerVersionStages(engine), backend, _plain_sync(backend, engine), TASKS, run_dir
+    )
     return loop, backend, engine
 
 
@@ -150,3 +152,13 @@ def test_metrics_also_go_to_tensorboard_when_asked(tiny: Path, tmp_path: Path) -
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
     events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def _plain_sync(backend: Any, engine: Any) -> Any:
+    """The loop's weight sync without the fingerprint check (these tests check the loop)."""
+
+    async def sync(step: int = 0) -> float:
+        await backend.sync_to(engine, step=step)
+        return 0.0
+
+    return sync

@@ -93,10 +93,10 @@ def test_checked_sync_on_hf_engine_passes_then_catches_a_load_patched_to_a_noop(
 
     async def go() -> None:
         backend.step(random_batch(vocab=VOCAB))
-        await sync(backend.export_weights(), backend.policy_version)
+        await sync()
         backend.step(random_batch(seed=1, vocab=VOCAB))
         monkeypatch.setattr(engine.model, "load_state_dict", lambda *a, **k: ([], []))
-        await sync(backend.export_weights(), backend.policy_version)
+        await sync()
 
     with pytest.raises(WeightSyncError) as caught:
         asyncio.run(go())
@@ -196,7 +196,7 @@ def test_vllm_checked_sync_passes_after_a_real_step_and_catches_a_load_patched_t
     sync = checked_sync(vllm_engine, backend, probe)
 
     async def sync_now() -> float:
-        return await sync(backend.export_weights(), backend.policy_version)
+        return await sync()
 
     asyncio.run(sync_now())  # the engine may hold another test's weights: start level
     backend.step(rollout_batch(vllm_engine, tokenizer))
@@ -230,7 +230,7 @@ def test_the_probe_tolerance_reaches_the_check_a_loose_one_lets_a_lora_skip_pass
     backend.step(random_batch(vocab=VOCAB))
     monkeypatch.setattr(engine.model, "load_state_dict", lambda *a, **k: ([], []))
     loose = checked_sync(engine, backend, PROBE, tolerance=100.0)
-    asyncio.run(loose(backend.export_weights(), backend.policy_version))
+    asyncio.run(loose())
     strict = checked_sync(engine, backend, PROBE, tolerance=1e-6)
     with pytest.raises(WeightSyncError, match=r"tolerance 1e-06"):
-        asyncio.run(strict(backend.export_weights(), backend.policy_version))
+        asyncio.run(strict())

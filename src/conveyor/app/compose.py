@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from conveyor.engines.base import SamplingClient
     from conveyor.rollout import AgentStages
     from conveyor.tasks.family import TaskFamily
-    from conveyor.trainer.engine import TorchTrainingEngine
+    from conveyor.trainer.backend import BackendSpec, TrainingBackend
 
 
 class Composition:
@@ -133,22 +133,17 @@ class Composition:
             )
         return out
 
-    def trainer(
-        self, model_dir: Path, settings: TrainerConfig | None = None
-    ) -> TorchTrainingEngine:
-        """The built-in trainer on `model_dir` with `settings` (default: the `trainer` section);
-        its logits temperature is the sampling temperature and a decaying schedule spans
-        `rl.steps`."""
-        from conveyor.trainer.engine import TorchTrainingEngine
+    @property
+    def backend_spec(self) -> BackendSpec:
+        """The training backend `trainer.backend` names (`conveyor.registry.BACKENDS`)."""
+        from conveyor.registry import BACKENDS
 
-        settings = settings or self.config.trainer
-        temperature = self.config.sampling.temperature
-        return TorchTrainingEngine(
-            model_dir,
-            settings,
-            temperature=temperature if temperature > 0 else 1.0,
-            total_steps=max(self.config.rl.steps, 1) if settings.schedule != "constant" else None,
-        )
+        return BACKENDS.get(self.config.trainer.backend)
+
+    def trainer(self, model_dir: Path, settings: TrainerConfig | None = None) -> TrainingBackend:
+        """The configured training backend on `model_dir` with `settings` (default: the
+        `trainer` section)."""
+        return self.backend_spec.build(self.config, model_dir, settings or self.config.trainer)
 
     async def close(self) -> None:
         """Stop the engine, if one was started."""

@@ -130,7 +130,7 @@ async def run_training(
     resolved: ResolvedConfig, *, resume: Path | None = None, say: Say = print
 ) -> Path:
     """The whole training job; returns the run folder."""
-    from conveyor.engines.base import WeightReceiver
+    from conveyor.engines.base import TrainableCheck, WeightFolder
     from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
     from conveyor.trainer.faults import armed
     from conveyor.trainer.loop import RLLoop
@@ -151,23 +151,26 @@ async def run_training(
         )
     started = time.monotonic()
     parts = Composition(config)
-    client = parts.engine
-    if (train.steps or train.sft_steps) and not isinstance(client, WeightReceiver):
-        # Refused in the first seconds: before the tokenizer, the run folder and any
-        # evaluation, since RL needs an engine that takes weights and proves it.
-        await parts.close()
-        raise ConfigError(
-            f"engine.kind={config.engine.kind!r} cannot take new weights in place and report "
-            "what it serves (update_weights + weight_fingerprint); `conveyor train` needs "
-            "engine.kind 'vllm' or 'hf' (or rl.steps=0 and rl.sft_steps=0: evaluation only)"
-        )
+    training = bool(train.steps or train.sft_steps)
     try:
+        spec = parts.backend_spec
+        client = parts.engine
+        refusal = spec.refusal(config, client) if training else None
+        if refusal is not None:
+            # Refused in the first seconds: before the tokenizer, the run folder and any
+            # evaluation, since RL needs an engine the backend can sync into and check.
+            raise ConfigError(refusal)
         await parts.checked_engine()
+        if training and isinstance(client, TrainableCheck):
+            # A server: does it take weights (dev-mode reload endpoints, token ids)?
+            await client.check_trainable()
         if resume is not None:
             run_dir = resume
         else:
             run_dir = make_run_dir(config, "train")
             (run_dir / "config.yaml").write_text(config_to_yaml(config))
+        if isinstance(client, WeightFolder):
+            client.use_weights_dir(run_dir / "weights")
         model_dir, tokenizer = parts.model_dir, parts.tokenizer
     except BaseException:
         await parts.close()
@@ -202,8 +205,8 @@ async def run_training(
                 probe_ids(tokenizer),
                 tolerance=config.engine.weight_probe_tolerance,
             )
-            if isinstance(client, WeightReceiver)
-            else _no_weight_sync  # evaluation only (refused above otherwise)
+            if training
+            else _no_weight_sync
         )
         loop = RLLoop(
             config,
@@ -229,7 +232,7 @@ async def run_training(
             )
         if checkpoint is not None or start_dir != model_dir:
             # The engine serves the checkpoint's (or warm start's) weights before any rollout.
-            await sync(backend.export_weights(), backend.policy_version)
+            await sync(0)
         if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
             report = await evaluate(
                 parts, eval_stages, eval_tasks, run_dir / "eval_after_sft.trajectories.jsonl"
@@ -255,7 +258,7 @@ async def run_training(
     return run_dir
 
 
-async def _no_weight_sync(weights: Iterable[tuple[str, Any]], version: int) -> float:
+async def _no_weight_sync(step: int = 0) -> float:
     raise RuntimeError("this engine takes no weights (an evaluation-only run)")
 
 

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from conveyor.registry import ADVANTAGES, ENGINES, EXECUTORS, STRATEGIES
+from conveyor.registry import ADVANTAGES, BACKENDS, ENGINES, EXECUTORS, STRATEGIES
 
 # Text fields that must name a registered part: the registries own the names, so one a plugin
 # registers is as valid as a built-in one, and a wrong one is answered with the known names.
@@ -12,6 +12,7 @@ StrategyName = Annotated[str, AfterValidator(STRATEGIES.check)]
 ExecutorName = Annotated[str, AfterValidator(EXECUTORS.check)]
 EngineKind = Annotated[str, AfterValidator(ENGINES.check)]
 AdvantageName = Annotated[str, AfterValidator(ADVANTAGES.check)]
+BackendName = Annotated[str, AfterValidator(BACKENDS.check)]
 
 
 class ConfigError(ValueError):

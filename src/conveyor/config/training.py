@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from conveyor.config.base import AdvantageName, Section
+from conveyor.config.base import AdvantageName, BackendName, Section
 
 # Same names as conveyor.trainer.losses.Reduction / KLEstimator (that module imports torch);
 # tests/trainer/test_engine.py checks they agree.
@@ -78,6 +78,14 @@ class TrainerConfig(Section):
     (the composition root passes both to the engine).
     """
 
+    backend: BackendName = Field(
+        default="builtin",
+        description="The training backend: 'builtin' (this PyTorch trainer), 'tinker' (the "
+        "Tinker service; pairs with engine.kind 'tinker'), 'verl' or 'skyrl' (their trainers "
+        "drive our rollouts), or one registered by a plugin. `conveyor backends` says which "
+        "are usable here. The settings below are the built-in trainer's; Tinker takes lr, "
+        "betas, eps, weight_decay, loss and lora.r.",
+    )
     lr: float = Field(default=1e-6, ge=0, description="Peak learning rate of the RL updates.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
     betas: list[float] = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,19 +137,52 @@ class ServedModelCheck(Protocol):
 
 
 @runtime_checkable
-class WeightReceiver(Protocol):
-    """An engine whose weights a trainer replaces in place and can then verify.
+class TrainableCheck(Protocol):
+    """An engine behind a server that can say, at start, whether training can reach it."""
 
-    `conveyor train` refuses at start an engine that is not one (a chat-only server, the
-    simulated engine): training could never reach the weights it samples from.
-    """
+    async def check_trainable(self) -> None:
+        """Return if weights can be loaded into the server and token ids come back;
+        `EngineError` saying, in one message, what the server lacks."""
+        ...
+
+
+@runtime_checkable
+class WeightFolder(Protocol):
+    """An engine that hands weights to its server as files, written under a folder of the run."""
+
+    def use_weights_dir(self, path: Path) -> None:
+        """Write weight versions under `path` (created when needed; the server must read it)."""
+        ...
+
+
+@runtime_checkable
+class ServesFingerprint(Protocol):
+    """An engine that can say which weights it serves (what a checked weight sync reads)."""
 
     @property
     def policy_version(self) -> int:
-        """Version of the policy the engine now serves: the `version` of the last
-        `update_weights` (0 before any). Every `SampleResult` carries the version it was
-        sampled under, which is how the trainer measures staleness."""
+        """Version of the policy the engine now serves: the version of the last weight
+        update (0 before any). Every `SampleResult` carries the version it was sampled under,
+        which is how the trainer measures staleness."""
         ...
+
+    async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
+        """The fingerprint of the weights being served now, probed with `probe_ids` (at least
+        two tokens), tagged with `policy_version`.
+
+        Taken after every update queued before it has been applied, so right after an update
+        it describes exactly the weights that update loaded.
+        """
+        ...
+
+
+@runtime_checkable
+class WeightReceiver(ServesFingerprint, Protocol):
+    """An engine whose weights a trainer replaces in place and can then verify.
+
+    The built-in trainer refuses at start an engine that is not one (a chat-only server, the
+    simulated engine): training could never reach the weights it samples from.
+    """
 
     async def update_weights(
         self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
@@ -159,15 +193,6 @@ class WeightReceiver(Protocol):
         one scale also after a resume); None means the current version + 1. Requests already
         running may finish on the new weights. Returns the seconds the load took; raises
         `EngineError` when the engine cannot take them.
-        """
-        ...
-
-    async def weight_fingerprint(self, probe_ids: Sequence[int]) -> WeightFingerprint:
-        """The fingerprint of the weights being served now, probed with `probe_ids` (at least
-        two tokens), tagged with `policy_version`.
-
-        Taken after every update queued before it has been applied, so right after
-        `update_weights` it describes exactly the weights that update loaded.
         """
         ...
 

@@ -2,9 +2,14 @@
 
 A backend takes one batch of token-exact training samples, each with its trajectory's advantage
 (see `conveyor.trainer.advantages.assign_to_samples`), makes exactly one optimizer update, and
-hands its new weights to the sampling side. The built-in `TorchTrainingEngine`
-(`conveyor.trainer.engine`) implements it; bridges to Tinker, SkyRL-train or VeRL implement the
-same methods. The loop talks to a backend only through this protocol.
+hands its new weights to the sampling side (`sync_to`). The built-in `TorchTrainingEngine`
+(`conveyor.trainer.engine`) implements it; the Tinker bridge implements the same methods. The
+loop talks to a backend only through this protocol.
+
+`trainer.backend` names a `BackendSpec` in `conveyor.registry.BACKENDS`: what a backend is
+(`info`, for `conveyor backends`), which engines it can sync into (`refusal`), and how to build
+it. Backends whose own trainer drives our rollouts (VeRL, SkyRL-train) are specs too: their
+`build` says how to run them, since their loop is not ours.
 
 This module imports no torch: `Tensor` appears in annotations only.
 """
@@ -14,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from conveyor.types import TrainingSample
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from conveyor.config import ConveyorConfig, TrainerConfig
     from conveyor.engines.base import WeightFingerprint
 
 
@@ -154,7 +160,18 @@ class TrainingBackend(Protocol):
         """Full (unsharded) weights under their Hugging Face names, LoRA merged when used.
 
         Exactly what a sampling engine's `update_weights` takes. Under several processes every
-        rank must iterate it (gathering shards is collective).
+        rank must iterate it (gathering shards is collective). A backend whose weights live in
+        a service may raise `NotImplementedError`; the loop only calls `sync_to`.
+        """
+        ...
+
+    async def sync_to(self, engine: Any, *, step: int = 0) -> None:
+        """Make `engine` serve this backend's current weights, tagged with `policy_version`.
+
+        In-process tensors go through the engine's `update_weights`; weights that live in a
+        service are saved there and the engine is pointed at them. `step` is the RL step the
+        sync belongs to (the `weight_sync` fault-injection point). The caller checks the
+        result with the weight fingerprint (`conveyor.trainer.weight_sync.checked_sync`).
         """
         ...
 
@@ -181,6 +198,57 @@ class FingerprintedBackend(Protocol):
         """Digests of the exported tensors `like` names, in the dtypes `like` holds them in
         (names this backend does not export are left out), and the temperature-1 logprobs of
         every token of `probe_ids` (position 0: 0.0). See `conveyor.trainer.weight_sync`."""
+        ...
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend that cannot be built here (its package, virtual environment, service or GPU is
+    missing); the message says which and how to get it."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What `conveyor backends --json` says of one backend."""
+
+    name: str
+    version: str | None  # of the package behind it; None when it is not installed
+    train: bool  # `conveyor train` can use it on this machine now
+    eval: bool  # its sampling side can run `conveyor eval` on this machine now
+    sync: str  # how new weights reach the sampler
+    reason: str = ""  # why train or eval is not possible here; empty when both are
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON object of this backend."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "train": self.train,
+            "eval": self.eval,
+            "sync": self.sync,
+            "usable": self.train,
+            "reason": self.reason,
+        }
+
+
+@runtime_checkable
+class BackendSpec(Protocol):
+    """A training backend as `trainer.backend` names it (see `conveyor.registry.BACKENDS`)."""
+
+    def info(self) -> BackendInfo:
+        """Its version, what it supports here, and why not where it does not; cheap, and
+        never raises (a missing package is a reason, not an error)."""
+        ...
+
+    def refusal(self, config: ConveyorConfig, engine: Any) -> str | None:
+        """Why this backend cannot sync weights into `engine` (one message naming the config
+        keys to change), or None when it can."""
+        ...
+
+    def build(
+        self, config: ConveyorConfig, model_dir: Path, settings: TrainerConfig
+    ) -> TrainingBackend:
+        """The backend, starting from the weights in `model_dir`, trained with `settings`;
+        `BackendUnavailable` when it cannot run here."""
         ...
 
 

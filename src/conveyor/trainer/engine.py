@@ -315,6 +315,13 @@ class TorchTrainingEngine:
         for name, tensor in self.model.state_dict().items():
             yield name, full_tensor(tensor).detach()
 
+    async def sync_to(self, engine: Any, *, step: int = 0) -> None:
+        """Load `export_weights()` into `engine` (a `WeightReceiver`: in-process vLLM or hf, or
+        a dev-mode vLLM server) under this backend's policy version."""
+        from conveyor.trainer.faults import killing_midway
+
+        await engine.update_weights(killing_midway(self.export_weights(), step), self._version)
+
     def weight_fingerprint(
         self, like: WeightFingerprint, probe_ids: Sequence[int]
     ) -> WeightFingerprint:

@@ -2,7 +2,7 @@
 
 `RLLoop` is generic over the rollout stages and the training backend: the agent recipes hand it
 `AgentStages`, tests hand it tiny stages of their own. It talks to the trainer only through the
-`TrainingBackend` protocol and to the engine only through `update_weights`.
+`TrainingBackend` protocol and to the engine only through the weight sync it is handed.
 
 Modes:
 - `sync`: each step's rollouts are generated with the current weights, then the update runs.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,16 @@ from conveyor.dispatch.factory import make_dispatcher
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.advantages import assign_to_samples, get_advantage, group_rewards
 from conveyor.trainer.backend import StepResult, TrainBatch, TrainingBackend
-from conveyor.trainer.faults import kill_point, killing_midway
+from conveyor.trainer.faults import kill_point
 from conveyor.trainer.filtering import StatusPolicy, select
 from conveyor.trainer.jsonl import append_records
 from conveyor.trainer.refill import RefillReport, refill
 from conveyor.trainer.resume import PROGRESS, ROLLOUTS
 from conveyor.types import Status, Task, TrainingSample, TrajectoryGroup
 
-# Hands exported weights and the policy version they carry to the sampling side; returns seconds.
-WeightSync = Callable[[Iterable[tuple[str, Any]], int], Awaitable[float]]
+# Makes the sampling side serve the backend's current weights (the argument is the RL step, for
+# fault injection); returns seconds. `conveyor.trainer.weight_sync.checked_sync` builds one.
+WeightSync = Callable[[int], Awaitable[float]]
 
 
 @dataclass
@@ -242,9 +243,7 @@ class RLLoop:
             result: StepResult = await asyncio.to_thread(self.backend.step, batch)
             kill_point("train_step", step)
             metrics.update(result.as_dict())
-            sync_s = await self.sync_weights(
-                killing_midway(self.backend.export_weights(), step), self.backend.policy_version
-            )
+            sync_s = await self.sync_weights(step)
             metrics["time/weight_sync_s"] = sync_s
         else:
             metrics["train/skipped"] = 1.0

@@ -1,7 +1,8 @@
 """A weight sync that proves it took: after each update the engine's fingerprint must match.
 
 `checked_sync(engine, backend, probe_ids)` returns a `WeightSync` (the callable `RLLoop` takes)
-that loads the exported weights into the engine, asks the engine what it now serves
+that has the backend load its weights into the engine (`TrainingBackend.sync_to`), asks the
+engine what it now serves
 (`WeightReceiver.weight_fingerprint`) and compares that with what the trainer computes for its
 own weights (`FingerprintedBackend.weight_fingerprint`). Any difference raises `WeightSyncError`:
 the loop stops instead of training on samples from weights it did not mean to serve.
@@ -31,10 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from conveyor.engines.base import WeightFingerprint, WeightReceiver
+from conveyor.engines.base import ServesFingerprint, WeightFingerprint
 from conveyor.trainer.backend import FingerprintedBackend
 from conveyor.trainer.loop import WeightSync
 
@@ -71,22 +72,24 @@ def checked_sync(
     `tolerance` bounds the probe logprob difference; None picks it by the engine's dtype
     (`DEFAULT_TOLERANCE`). The seconds returned cover the update and the check.
     """
-    if not isinstance(engine, WeightReceiver):
+    if not isinstance(engine, ServesFingerprint):
         raise WeightSyncError(
             f"{type(engine).__name__} cannot report the weights it serves (no "
-            "weight_fingerprint); a checked weight sync needs an in-process engine (vllm)"
+            "weight_fingerprint); a checked weight sync needs an engine that can"
         )
-    if not isinstance(backend, FingerprintedBackend):
+    fingerprinter: object = backend  # narrowed alone: `backend` stays the training backend
+    if not isinstance(fingerprinter, FingerprintedBackend):
         raise WeightSyncError(f"{type(backend).__name__} cannot fingerprint its weights")
     if len(probe) < 2:
         raise ValueError("the weight probe needs at least two tokens")
     ids = list(probe)
 
-    async def sync(weights: Iterable[tuple[str, Any]], version: int) -> float:
+    async def sync(step: int = 0) -> float:
         start = time.perf_counter()
-        await engine.update_weights(weights, version)
+        version = backend.policy_version
+        await backend.sync_to(engine, step=step)
         served = await engine.weight_fingerprint(ids)
-        expected = await asyncio.to_thread(backend.weight_fingerprint, served, ids)
+        expected = await asyncio.to_thread(fingerprinter.weight_fingerprint, served, ids)
         check_fingerprint(served, expected, version, tolerance)
         return time.perf_counter() - start
 
