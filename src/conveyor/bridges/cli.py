@@ -68,3 +68,34 @@ def check_command(
             f"{'all checks hold' if report.ok else 'checks FAILED'}"
         )
     raise typer.Exit(code=0 if report.ok else 1)
+
+
+@bridge_app.command("compare")
+def compare_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders (or trajectories JSONL files).")],
+    tol: Annotated[float, typer.Option(help="Largest |logprob difference| accepted.")] = 1e-3,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: the result as JSON.")] = False,
+) -> None:
+    """Compare runs of one task set turn by turn against the first: ids must be identical,
+    logprobs within --tol. Exit 0 iff they are (and every run has the same rollouts)."""
+    from conveyor.bridges.compare import compare
+
+    try:
+        result = compare(runs)
+    except (FileNotFoundError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2) from None
+    ok = result.ok(tol)
+    for line in result.missing[:10]:
+        typer.echo(f"missing: {line}", err=as_json)
+    if result.first_mismatch is not None:
+        typer.echo(f"first mismatch: {json.dumps(result.first_mismatch)}", err=as_json)
+    summary = (
+        f"{result.turns} turns, ids {'identical' if result.identical_ids else 'DIFFER'}, "
+        f"max |logprob diff| {result.max_abs_logprob_diff:.3g} (tol {tol:g}), pass@1 "
+        + " / ".join(f"{p:.3f}" for p in result.pass_at_1)
+    )
+    typer.echo(summary, err=as_json)
+    if as_json:
+        typer.echo(json.dumps(result.as_json()))
+    raise typer.Exit(code=0 if ok else 1)

@@ -1,0 +1,59 @@
+"""`trainer.backend` and `conveyor backends --json`: every registered backend is listed with its
+version, what it supports here and how it syncs; a wrong name is refused with the known ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conveyor.app.compose import Composition
+from conveyor.config import ConfigError, ConveyorConfig, load_config
+from conveyor.engines.simulated import SimulatedEngine
+from conveyor.registry import BACKENDS
+
+
+def test_backends_json_lists_every_registered_backend() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "backends", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    listed = {b["name"]: b for b in json.loads(done.stdout.strip().splitlines()[-1])["backends"]}
+    assert set(listed) == set(BACKENDS.names()) >= {"builtin", "tinker", "verl", "skyrl"}
+    builtin = listed["builtin"]
+    assert builtin["train"] is True and builtin["eval"] is True
+    assert builtin["version"].startswith("2.13")  # the torch it runs on
+    for entry in listed.values():
+        assert set(entry) >= {"name", "version", "train", "eval", "sync", "usable", "reason"}
+        if not entry["train"]:
+            assert entry["reason"], f"{entry['name']} is unusable without saying why"
+
+
+def test_an_unknown_backend_is_refused_with_the_known_names(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  backend: tinkr\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "tinkr" in message and "tinker" in message and "builtin" in message
+
+
+def test_the_builtin_backend_refuses_an_engine_that_takes_no_weights() -> None:
+    parts = Composition(ConveyorConfig())
+    message = parts.backend_spec.refusal(parts.config, SimulatedEngine(eos_token_id=0))
+    assert message is not None and "engine.kind" in message
+
+
+def test_composition_builds_the_configured_backend(model_dir: Path) -> None:
+    from conveyor.trainer.engine import TorchTrainingEngine
+
+    parts = Composition(ConveyorConfig())
+    backend = parts.trainer(model_dir)
+    assert isinstance(backend, TorchTrainingEngine)
+    assert backend.policy_version == 0
