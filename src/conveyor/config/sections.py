@@ -85,6 +85,20 @@ class EngineConfig(Section):
         "and the run stops with one message (every unfinished rollout recorded as infra_error, "
         "stop reason engine_down).",
     )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="engine.kind 'openai': times one request is sent again, with exponential "
+        "backoff, after a connection error, HTTP 429 or a 5xx answer (each counted) before it "
+        "fails as an engine error (the rollout is then an infra error, retried by the "
+        "dispatcher).",
+    )
+    retry_backoff_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="engine.kind 'openai': the first retry's wait; each later one doubles it "
+        "(a server's Retry-After is honoured up to 30 s).",
+    )
     weight_probe_tolerance: float | None = Field(
         default=None,
         gt=0,
@@ -156,6 +170,14 @@ class AgentConfig(Section):
         description="Wall-time budget of one rollout, in seconds; past it the status is timeout.",
     )
     hints: HintsConfig = Field(default_factory=HintsConfig, description="When to inject hints.")
+    external_command: list[str] | None = Field(
+        default=None,
+        description="Run this program (argv list) as the agent instead of the built-in loop: "
+        "it talks to the model through the recording gateway at OPENAI_BASE_URL (an OpenAI "
+        "chat-completions endpoint of its own rollout) and runs the task's tools through "
+        "CONVEYOR_ROLLOUT_URL; every turn is recorded token-exact and trains like a native "
+        "one. See docs/gateway.md; examples/sdk_agent.py is one.",
+    )
 
     @model_validator(mode="after")
     def _completion_fits_context(self) -> Self:
