@@ -134,7 +134,7 @@ def test_fake_server_in_dev_mode_is_trainable(fake_server: FakeServer) -> None:
             {"completions": False, "dev_mode": False},  # a chat-only server
             ["token ids", "/collective_rpc answers HTTP 404", "/reset_prefix_cache answers"],
         ),
-        ({"token_ids": False}, ["does not return token ids"]),
+        ({"token_ids": False}, ["does not sample by token ids", "no token ids"]),
         ({"dev_mode": False}, ["/collective_rpc answers HTTP 404", "/reset_prefix_cache"]),
         ({"raw": True}, ["raw logprobs"]),
     ],

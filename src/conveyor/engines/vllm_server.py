@@ -197,25 +197,30 @@ class VLLMServerEngine(OpenAICompatibleClient):
         import httpx
 
         problems: list[str] = []
+        request = SampleRequest(
+            prompt_ids=_PROBE_PROMPT, max_tokens=1, temperature=_PROBE_TEMPERATURE, seed=0
+        )
         try:
-            request = SampleRequest(
-                prompt_ids=_PROBE_PROMPT, max_tokens=1, temperature=_PROBE_TEMPERATURE, seed=0
-            )
             result = parse_completion(await self._post(self.payload(request)))
-            scored = await self._post(
-                self._prompt_logprobs_body([*_PROBE_PROMPT, *result.token_ids])
-            )
-            served = _prompt_logprobs(scored, [*_PROBE_PROMPT, *result.token_ids])
-            at_one = served[-1]
-            # Raw logprobs ignore the sampling temperature: the behaviour logprobs would not be
-            # those of the distribution sampled from. (A near-certain token cannot tell.)
-            if abs(at_one) > 1e-3 and abs(result.logprobs[0] - at_one) < 1e-5:
-                problems.append(
-                    "it reports raw logprobs (temperature 1 whatever the sampling temperature), "
-                    "not the processed logprobs training needs"
-                )
         except EngineError as exc:
-            problems.append(f"it does not return token ids with logprobs ({exc})")
+            problems.append(f"it does not sample by token ids with logprobs ({exc})")
+        else:
+            scored = [*_PROBE_PROMPT, *result.token_ids]
+            try:
+                served = _prompt_logprobs(
+                    await self._post(self._prompt_logprobs_body(scored)), scored
+                )
+            except EngineError as exc:
+                problems.append(f"it does not score prompts (prompt_logprobs: {exc})")
+            else:
+                # Raw logprobs ignore the sampling temperature: the behaviour logprobs would not
+                # be those of the distribution sampled from. (A near-certain token cannot tell.)
+                at_one = served[-1]
+                if abs(at_one) > 1e-3 and abs(result.logprobs[0] - at_one) < 1e-5:
+                    problems.append(
+                        "it reports raw logprobs (temperature 1 whatever the sampling "
+                        "temperature), not the processed logprobs training needs"
+                    )
         for path, expected in (
             ("/collective_rpc", 400),  # exists: it refuses a call without a method
             ("/reset_prefix_cache", 200),
