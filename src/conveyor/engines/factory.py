@@ -67,15 +67,21 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
 @ENGINES.register("openai")
 def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """A client of the OpenAI-compatible server at `engine.base_url`, asking for
-    `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves)."""
-    from conveyor.engines.openai_http import OpenAICompatibleClient
+    `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves).
+
+    It samples from any such server; training also needs a vLLM server in development mode,
+    which `check_trainable` verifies at start (`conveyor.engines.vllm_server`)."""
+    from conveyor.engines.vllm_server import VLLMServerEngine
 
     engine = config.engine
     if engine.base_url is None:  # the config validator requires it; a constructed config may not
         raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
-    return OpenAICompatibleClient(
+    return VLLMServerEngine(
         engine.base_url,
         engine.served_model_name or str(model_dir),
+        source_dir=model_dir,
+        max_retries=engine.max_retries,
+        retry_backoff_s=engine.retry_backoff_s,
         api_key_env=engine.api_key_env,
         timeout_s=engine.request_timeout_s,
         connect_timeout_s=engine.connect_timeout_s,

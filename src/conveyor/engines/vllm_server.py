@@ -93,6 +93,10 @@ class VLLMServerEngine(OpenAICompatibleClient):
         """The `version` of the last `update_weights` (0 before any)."""
         return self._version
 
+    def use_weights_dir(self, path: Path) -> None:
+        """Write weight versions under `path` from now on (`conveyor train`: `RUN/weights`)."""
+        self.weights_dir = Path(path)
+
     async def update_weights(
         self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
