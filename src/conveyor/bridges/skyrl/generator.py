@@ -22,6 +22,7 @@ Which SkyRL rows a trajectory becomes:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.bridges.skyrl.validation import TrajectoryRef
@@ -134,7 +135,9 @@ class ConveyorGenerator:
     JSON string; `env_classes[i]` is `conveyor` or the task's family). Rows of one task are its
     samples: `trajectory_ids[i].repetition_id` is the sample index (else rows are numbered in
     order). Build one with `from_composition` (SkyRL's `sampling_params` then become ours) or
-    `from_dispatcher` (fixed stages; `sampling_params` must be empty).
+    `from_dispatcher` (fixed stages; `sampling_params` must be empty). With `trajectories_path`,
+    every rollout's `Trajectory` is appended there as JSONL (what SkyRL's rows cannot hold:
+    messages, statuses, timings, for `conveyor view` and `conveyor bridge check`).
     """
 
     def __init__(
@@ -143,23 +146,40 @@ class ConveyorGenerator:
         *,
         step_wise: bool = False,
         base_sampling: SamplingConfig | None = None,
+        trajectories_path: Path | None = None,
     ) -> None:
         self._make_dispatcher = make_dispatcher
         self.step_wise = step_wise
         self._base_sampling = base_sampling
+        self.trajectories_path = trajectories_path
 
     @classmethod
-    def from_composition(cls, parts: Composition, *, step_wise: bool = False) -> ConveyorGenerator:
+    def from_composition(
+        cls,
+        parts: Composition,
+        *,
+        step_wise: bool = False,
+        trajectories_path: Path | None = None,
+    ) -> ConveyorGenerator:
         """Stages and dispatcher built by `parts` for each batch's sampling parameters."""
 
         def make(sampling: SamplingConfig | None) -> Dispatcher:
             return parts.dispatcher(parts.stages(sampling), engine=parts.engine)
 
-        return cls(make, step_wise=step_wise, base_sampling=parts.config.sampling)
+        return cls(
+            make,
+            step_wise=step_wise,
+            base_sampling=parts.config.sampling,
+            trajectories_path=trajectories_path,
+        )
 
     @classmethod
     def from_dispatcher(
-        cls, dispatcher: Dispatcher, *, step_wise: bool = False
+        cls,
+        dispatcher: Dispatcher,
+        *,
+        step_wise: bool = False,
+        trajectories_path: Path | None = None,
     ) -> ConveyorGenerator:
         """A dispatcher whose stages fix the sampling; batches with sampling parameters are
         refused, since they could not be honoured."""
@@ -172,7 +192,7 @@ class ConveyorGenerator:
                 )
             return dispatcher
 
-        return cls(make, step_wise=step_wise)
+        return cls(make, step_wise=step_wise, trajectories_path=trajectories_path)
 
     def sampling(self, params: dict[str, Any] | None) -> SamplingConfig | None:
         """Our sampling settings for SkyRL's `sampling_params` (None when there are none)."""
@@ -211,6 +231,9 @@ class ConveyorGenerator:
         for count, group in groups.items():
             async for trajectory in dispatcher.rollouts(group, count):
                 by_key[(trajectory.task_id, trajectory.sample_index)] = trajectory
+                if self.trajectories_path is not None:
+                    with self.trajectories_path.open("a") as out:
+                        out.write(trajectory.to_json() + "\n")
         ordered = [by_key[(task.id, index)] for task, index in zip(tasks, indices, strict=True)]
         extra = sum(len(group) * count for count, group in groups.items()) - len(ordered)
         output = to_generator_output(ordered, self.step_wise, input_batch.get("trajectory_ids"))
