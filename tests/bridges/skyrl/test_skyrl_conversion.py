@@ -9,6 +9,7 @@ records here; `test_skyrl_generator.py` makes real ones with the embedded model.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 from conveyor.bridges.report import BridgeUnavailable, CheckReport
 from conveyor.bridges.skyrl import SkyrlSpec, read_batch, to_generator_output
-from conveyor.bridges.skyrl.check import add_field_checks
+from conveyor.bridges.skyrl.bridge_check import add_field_checks
 from conveyor.bridges.skyrl.generator import WRITTEN_KEYS, ConveyorGenerator
 from conveyor.bridges.skyrl.validation import (
     SkyrlSource,
@@ -208,3 +209,47 @@ def test_the_spec_is_registered_describes_itself_and_refuses_to_build(tmp_path: 
     with pytest.raises(BackendUnavailable, match=r"venv-skyrl\.sh"):
         spec.build(None, tmp_path, None)  # type: ignore[arg-type]
     assert "conveyor train" in (spec.refusal(None, None) or "")  # type: ignore[arg-type]
+
+
+def wrong_key(output: dict[str, Any]) -> dict[str, Any]:
+    return {("loss_mask" if k == "loss_masks" else k): v for k, v in output.items()}
+
+
+def wrong_length(output: dict[str, Any]) -> dict[str, Any]:
+    return {**output, "rollout_logprobs": [row[:-1] for row in output["rollout_logprobs"]]}
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "failing"),
+    [
+        (wrong_key, "keys are GeneratorOutput fields (rollout)"),
+        (wrong_length, "skyrl validate_generator_output (rollout)"),
+    ],
+)
+def test_bridge_check_exits_1_when_the_encoding_is_wrong(
+    skyrl: SkyrlSource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    corrupt: Any,
+    failing: str,
+) -> None:
+    """`conveyor bridge check --backend skyrl` (fallback path) on hand-made rollouts: exit 0 as
+    encoded, exit 1 naming the failed check when the encoder writes a wrong key or length."""
+    from typer.testing import CliRunner
+
+    from conveyor.bridges.skyrl import bridge_check as check_module
+    from conveyor.cli import app
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text("".join(t.to_json() + "\n" for t in (rollout("a"), rollout("b", split=True))))
+    monkeypatch.setenv("CONVEYOR_SKYRL_VENV", str(tmp_path / "no-venv"))
+    args = ["bridge", "check", "--backend", "skyrl", "--trajectories", str(path), "--json"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    real = check_module.to_generator_output
+    monkeypatch.setattr(check_module, "to_generator_output", lambda *a, **k: corrupt(real(*a, **k)))
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 1, done.output
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not report["ok"]
+    assert failing in {c["name"] for c in report["checks"] if not c["ok"]}

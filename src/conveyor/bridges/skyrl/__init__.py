@@ -3,8 +3,9 @@
 SkyRL-train (`skyrl` on PyPI) trains on what its generator returns; `ConveyorGenerator`
 (`generator.py`) is that generator, running each batch through our dispatcher. SkyRL needs
 Python >= 3.12 and its FSDP backend a CUDA GPU, so on this machine (Python 3.11, no GPU) the
-backend is listed, not buildable, and `check` (`conveyor bridge check --backend skyrl`) proves the
-encoding against SkyRL's own validation (`check.py`). Importing this module never imports SkyRL.
+backend is listed, not buildable, and `check` (`conveyor bridge check --backend skyrl`) proves
+the encoding against SkyRL's own validation (`bridge_check.py`). Importing this module never
+imports SkyRL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conveyor.bridges.skyrl.check import check, skyrl_python
+from conveyor.bridges.skyrl.bridge_check import check, skyrl_python
 from conveyor.bridges.skyrl.generator import (
     ConveyorGenerator,
     read_batch,

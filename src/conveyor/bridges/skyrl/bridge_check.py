@@ -194,7 +194,12 @@ def add_sample_checks(
 ) -> None:
     """The rows are our samples, token for token: prompt + response ids, loss masks and
     logprobs; one row per rollout, or per sample in step-wise mode."""
+    needed = ("prompt_token_ids", "response_ids", "loss_masks", "rollout_logprobs")
     for name, output in batches.items():
+        absent = [key for key in needed if not isinstance(output.get(key), list)]
+        if absent:
+            report.add(f"rows equal our samples ({name})", False, f"no {', '.join(absent)}")
+            continue
         expected: list[tuple[TrainingSample | None, bool]] = []
         for trajectory in rollouts:
             broken = trajectory.status is Status.INFRA_ERROR
