@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from conveyor.bridges.report import BridgeUnavailable, CheckReport
 from conveyor.bridges.skyrl import SkyrlSpec, read_batch, to_generator_output
 from conveyor.bridges.skyrl.bridge_check import add_field_checks
 from conveyor.bridges.skyrl.generator import WRITTEN_KEYS, ConveyorGenerator
+from conveyor.bridges.skyrl.sampling import to_sampling
 from conveyor.bridges.skyrl.validation import (
     SkyrlSource,
     TrajectoryRef,
@@ -26,6 +28,7 @@ from conveyor.bridges.skyrl.validation import (
     validate,
 )
 from conveyor.bridges.skyrl.wheel import parse_wheel, pinned_wheel
+from conveyor.config import SamplingConfig
 from conveyor.registry import BACKENDS
 from conveyor.trainer.backend import BackendUnavailable
 from conveyor.types import Status, Task, Trajectory, Turn
@@ -194,10 +197,40 @@ def test_read_batch_refuses_rows_it_cannot_run(override: dict[str, Any], message
 
 def test_a_fixed_dispatcher_refuses_sampling_params_it_cannot_honour() -> None:
     generator = ConveyorGenerator.from_dispatcher(object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="from_composition"):
+    with pytest.raises(ValueError, match=r"from_composition.*\['temperature'\]"):
         asyncio.run(generator.generate(batch(sampling_params={"temperature": 0.0})))
-    with pytest.raises(ValueError, match=r"unsupported SkyRL sampling_params \['min_p'\]"):
-        generator.sampling({"min_p": 0.1, "temperature": 0.0})
+    assert generator.sampling({"logprobs": 1, "top_k": -1}) is None  # changes nothing
+
+
+# What SkyRL-train 0.4.0 sends by default (`get_vllm_sampling_params` of its generator config).
+SKYRL_DEFAULTS: dict[str, Any] = {
+    "min_tokens": 1,
+    "skip_special_tokens": True,
+    "include_stop_str_in_output": True,
+    "max_tokens": 1024,
+    "temperature": 0.0,
+    "top_p": 0.9,
+    "top_k": -1,
+    "min_p": 0.0,
+    "logprobs": 1,
+    "stop": None,
+}
+
+
+def test_skyrls_default_sampling_params_map_onto_ours_and_others_are_refused() -> None:
+    base = SamplingConfig(temperature=1.0, top_p=1.0)
+    ours = to_sampling(SKYRL_DEFAULTS, base, max_completion_tokens=256)
+    assert ours == SamplingConfig(temperature=0.0, top_p=0.9)
+    assert to_sampling({**SKYRL_DEFAULTS, "seed": 7}, base, 256).sampling_seed == 7  # type: ignore[union-attr]
+    for key, value, message in [
+        ("top_k", 20, "top_k=20"),
+        ("min_p", 0.05, "min_p=0.05"),
+        ("stop", ["</s>"], "stop="),
+        ("max_tokens", 64, "below agent.max_completion_tokens=256"),
+        ("repetition_penalty", 1.1, "repetition_penalty=1.1 (unknown)"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            to_sampling({**SKYRL_DEFAULTS, key: value}, base, 256)
 
 
 def test_the_spec_is_registered_describes_itself_and_refuses_to_build(tmp_path: Path) -> None:

@@ -52,7 +52,12 @@ def generated(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict
         "prompts": [task.prompt for task, _ in rows],
         "env_classes": ["conveyor"] * len(rows),
         "env_extras": [{"task": task.model_dump_json()} for task, _ in rows],
-        "sampling_params": {"temperature": 0.0, "logprobs": 1},
+        # SkyRL-train's default vLLM parameters, greedy.
+        "sampling_params": {
+            **{"min_tokens": 1, "skip_special_tokens": True, "include_stop_str_in_output": True},
+            **{"max_tokens": 1024, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
+            **{"logprobs": 1, "stop": None},
+        },
         "trajectory_ids": [TrajectoryRef(task.id, r) for task, r in rows],
         "batch_metadata": None,
     }

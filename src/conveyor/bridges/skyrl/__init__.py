@@ -44,7 +44,10 @@ HOW_TO = (
     "`conveyor.bridges.skyrl.skyrl_generator_class().from_composition(Composition(config))` as "
     "its generator; `conveyor bridge check --backend skyrl` checks the encoding here"
 )
-SYNC = "SkyRL-train syncs its own inference engines; our engine samples from them over HTTP"
+SYNC = (
+    "SkyRL-train syncs its own inference engines; our engine is to sample from them over HTTP "
+    "(engine.kind openai), untried"
+)
 
 
 def skyrl_version() -> str | None:

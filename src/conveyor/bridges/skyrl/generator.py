@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.bridges.skyrl.sampling import to_sampling
 from conveyor.bridges.skyrl.validation import TrajectoryRef
 from conveyor.types import Status, Task, Trajectory
 
@@ -46,10 +47,6 @@ WRITTEN_KEYS = (
     "trajectory_ids",
     "is_last_step",
 )
-# SkyRL sampling-parameter names -> ours (`SamplingConfig`); `logprobs` is accepted and needs
-# nothing: the sampled tokens' logprobs always come back.
-SAMPLING_KEYS = {"temperature": "temperature", "top_p": "top_p", "seed": "sampling_seed"}
-ACCEPTED_SAMPLING_KEYS = frozenset(SAMPLING_KEYS) | {"logprobs"}
 # The `env_classes` entry for a conveyor task (its family's name is accepted too).
 ENV_CLASS = "conveyor"
 
@@ -147,8 +144,10 @@ class ConveyorGenerator:
         step_wise: bool = False,
         base_sampling: SamplingConfig | None = None,
         trajectories_path: Path | None = None,
+        max_completion_tokens: int | None = None,
     ) -> None:
         self._make_dispatcher = make_dispatcher
+        self._max_completion_tokens = max_completion_tokens
         self.step_wise = step_wise
         self._base_sampling = base_sampling
         self.trajectories_path = trajectories_path
@@ -171,6 +170,7 @@ class ConveyorGenerator:
             step_wise=step_wise,
             base_sampling=parts.config.sampling,
             trajectories_path=trajectories_path,
+            max_completion_tokens=parts.config.agent.max_completion_tokens,
         )
 
     @classmethod
@@ -181,38 +181,17 @@ class ConveyorGenerator:
         step_wise: bool = False,
         trajectories_path: Path | None = None,
     ) -> ConveyorGenerator:
-        """A dispatcher whose stages fix the sampling; batches with sampling parameters are
-        refused, since they could not be honoured."""
+        """A dispatcher whose stages fix the sampling; batches whose sampling parameters would
+        change it are refused, since they could not be honoured."""
 
         def make(sampling: SamplingConfig | None) -> Dispatcher:
-            if sampling is not None:
-                raise ValueError(
-                    "this ConveyorGenerator runs fixed stages: build it with from_composition "
-                    "to honour SkyRL's sampling_params"
-                )
             return dispatcher
 
         return cls(make, step_wise=step_wise, trajectories_path=trajectories_path)
 
     def sampling(self, params: dict[str, Any] | None) -> SamplingConfig | None:
-        """Our sampling settings for SkyRL's `sampling_params` (None when there are none)."""
-        if not params:
-            return None
-        unknown = sorted(set(params) - ACCEPTED_SAMPLING_KEYS)
-        if unknown:
-            raise ValueError(
-                f"unsupported SkyRL sampling_params {unknown}; this generator takes "
-                f"{sorted(ACCEPTED_SAMPLING_KEYS)} (turn budgets come from the agent config)"
-            )
-        if self._base_sampling is None:
-            raise ValueError(
-                "this ConveyorGenerator runs fixed stages: build it with from_composition "
-                "to honour SkyRL's sampling_params"
-            )
-        update = {
-            ours: params[theirs] for theirs, ours in SAMPLING_KEYS.items() if theirs in params
-        }
-        return self._base_sampling.model_copy(update=update)
+        """Our sampling settings for SkyRL's `sampling_params` (`sampling.to_sampling`)."""
+        return to_sampling(params, self._base_sampling, self._max_completion_tokens)
 
     async def generate(self, input_batch: dict[str, Any]) -> dict[str, Any]:
         """Run the batch's rollouts; SkyRL's `GeneratorOutput`, rows in input order."""
