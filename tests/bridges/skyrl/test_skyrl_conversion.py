@@ -286,3 +286,24 @@ def test_bridge_check_exits_1_when_the_encoding_is_wrong(
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert not report["ok"]
     assert failing in {c["name"] for c in report["checks"] if not c["ok"]}
+
+
+def test_bridge_check_exits_3_when_neither_venv_nor_wheel_can_be_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `.venv-skyrl`, an empty wheel cache and pip kept off PyPI (PIP_NO_INDEX, as with no
+    network): unavailable, with pip's reason, not a failed or passed check."""
+    from typer.testing import CliRunner
+
+    from conveyor.cli import app
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(rollout("a").to_json() + "\n")
+    monkeypatch.setenv("CONVEYOR_SKYRL_VENV", str(tmp_path / "no-venv"))
+    monkeypatch.setenv("CONVEYOR_WHEEL_CACHE", str(tmp_path / "wheels"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    args = ["bridge", "check", "--backend", "skyrl", "--trajectories", str(path), "--json"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 3, done.output
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["ok"] is False and "cannot download skyrl==0.4.0" in line["unavailable"]
