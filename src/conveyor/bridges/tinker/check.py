@@ -14,20 +14,20 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from conveyor.bridges.report import BridgeUnavailable, CheckReport
 from conveyor.bridges.tinker import datums as encoding
-from conveyor.config.training import LossConfig
+from conveyor.config.training import LossConfig, LossReduction
 from conveyor.trainer.backend import TrainBatch
 from conveyor.types import TrainingSample, Trajectory
 
 # relative to the larger of |loss| and the sum of |token terms|: the wire's float32 advantages
 # are rounded by 6e-8 each, which advantages of both signs could blow up relative to |loss|
 TOLERANCE = 1e-6
-REDUCTIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+REDUCTIONS: tuple[LossReduction, ...] = get_args(LossReduction)
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,8 @@ def _check_layout(report: CheckReport, batch: TrainBatch, wire: Sequence[WireDat
         }
         shapes &= len(datum.input_ids) == n and all(s == [n] for s in datum.shapes.values())
         expected = np.asarray(sample.logprobs[1:], dtype=np.float32)
-        logprobs &= np.array_equal(datum.fields.get("logprobs"), expected)
+        got = datum.fields.get("logprobs")
+        logprobs &= got is not None and np.array_equal(got, expected)
     count = len(wire)
     report.add("shift", shift, f"inputs = ids[:-1], targets = ids[1:] in {count} datums")
     report.add("dtypes", dtypes, "target_tokens int64; logprobs, advantages float32")
