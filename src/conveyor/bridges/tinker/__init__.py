@@ -9,9 +9,9 @@ The loss mapping and its limits are in `docs/bridges.md`, "Tinker".
 from __future__ import annotations
 
 from conveyor.bridges.tinker.backend import TinkerBackend
-from conveyor.bridges.tinker.check import check
 from conveyor.bridges.tinker.sampling import TinkerSamplingClient, build_tinker_engine
 from conveyor.bridges.tinker.spec import TinkerSpec
+from conveyor.bridges.tinker.wire_check import check
 from conveyor.registry import BACKENDS, ENGINES
 
 __all__ = ["TinkerBackend", "TinkerSamplingClient", "TinkerSpec", "check"]

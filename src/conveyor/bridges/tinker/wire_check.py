@@ -117,7 +117,11 @@ def check(trajectories: Path, settings: LossConfig | None = None) -> CheckReport
     mappings and under the custom-loss path (dual clip); else under `settings` alone.
     """
     version = tinker_version()
-    batch = load_batch(trajectories)
+    return check_batch(load_batch(trajectories), version, settings)
+
+
+def check_batch(batch: TrainBatch, version: str, settings: LossConfig | None = None) -> CheckReport:
+    """`check` of one batch of samples with their advantages."""
     report = CheckReport(backend="tinker", version=version, samples=len(batch.items))
     configs = [settings] if settings is not None else _loss_configs()
     for index, config in enumerate(configs):
@@ -127,7 +131,7 @@ def check(trajectories: Path, settings: LossConfig | None = None) -> CheckReport
         loss_fn, loss_config, wire = decode_request(body)
         label = f"{plan.loss_fn},{config.reduction}"
         if index == 0:
-            _check_layout(report, batch, wire)
+            _check_layout(report, batch, wire, custom=plan.loss_fn == "custom")
         _check_advantages(report, label, batch, config, plan, wire)
         sent = "cross_entropy" if plan.loss_fn == "custom" else plan.loss_fn
         report.add(
@@ -164,24 +168,25 @@ def _loss_configs() -> list[LossConfig]:
     return configs
 
 
-def _check_layout(report: CheckReport, batch: TrainBatch, wire: Sequence[WireDatum]) -> None:
+def _check_layout(
+    report: CheckReport, batch: TrainBatch, wire: Sequence[WireDatum], *, custom: bool
+) -> None:
+    expected_dtypes = {"target_tokens": "int64", "logprobs": "float32", "advantages": "float32"}
+    if custom:
+        expected_dtypes["weights"] = "float32"  # the loss mask a custom loss counts tokens by
     shift = dtypes = shapes = logprobs = True
     for sample, datum in zip(batch.samples, wire, strict=True):
         ids, n = sample.input_ids, len(sample.input_ids) - 1
         targets = datum.fields.get("target_tokens")
         shift &= datum.input_ids == ids[:-1] and targets is not None and targets.tolist() == ids[1:]
-        dtypes &= datum.dtypes == {
-            "target_tokens": "int64",
-            "logprobs": "float32",
-            "advantages": "float32",
-        }
+        dtypes &= datum.dtypes == expected_dtypes
         shapes &= len(datum.input_ids) == n and all(s == [n] for s in datum.shapes.values())
         expected = np.asarray(sample.logprobs[1:], dtype=np.float32)
         got = datum.fields.get("logprobs")
         logprobs &= got is not None and np.array_equal(got, expected)
     count = len(wire)
     report.add("shift", shift, f"inputs = ids[:-1], targets = ids[1:] in {count} datums")
-    report.add("dtypes", dtypes, "target_tokens int64; logprobs, advantages float32")
+    report.add("dtypes", dtypes, f"exactly {expected_dtypes}")
     report.add("shapes", shapes, "model input and every field have len(ids) - 1 entries")
     report.add("behaviour_logprobs", logprobs, "logprobs = float32(sample.logprobs[1:])")
 
