@@ -178,6 +178,20 @@ def test_default_loss_runs_policy_loss_through_forward_backward_custom_fake_serv
     assert grads[1].tolist() == pytest.approx([0, 0.2, 0.2])
 
 
+def test_kl_runs_in_the_custom_loss_with_reference_logprobs_fake_service() -> None:
+    client = FakeServiceTrainingClient()
+    backend = TinkerBackend(client, trainer(dual_clip_c=None, kl_coef=0.5, kl_estimator="k1"))
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        backend.step(batch())
+    plain = batch()
+    # reference = behaviour: k1 = lp - ref, so d/dlp adds kl_coef / 5 per trained token
+    with_ref = TrainBatch(plain.items, ref_logprobs=[s.logprobs for s in plain.samples])
+    backend.step(with_ref)
+    assert client.calls[0][0] == "forward_backward_custom"
+    assert client.custom_grads[0].tolist() == pytest.approx([0, 0, -0.1, -0.1, -0.1])
+    assert client.custom_grads[1].tolist() == pytest.approx([0, 0.3, 0.3])
+
+
 def test_tis_is_refused_with_the_key_named() -> None:
     with pytest.raises(TinkerLossUnsupported, match="tis"):
         TinkerBackend(FakeServiceTrainingClient(), trainer(tis=True))

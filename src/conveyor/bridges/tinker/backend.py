@@ -76,13 +76,13 @@ class TinkerBackend:
         plan, settings = self._plan, self._settings
         if not batch.items:
             raise ValueError("an empty batch cannot make an update")
+        if settings.loss.kl_coef and batch.ref_logprobs is None:
+            raise ValueError("trainer.loss.kl_coef is set but the batch has no ref_logprobs")
         data = encoding.batch_datums(batch, settings.loss, plan)
         if plan.loss_fn == "custom":
             loss_fn = encoding.custom_loss_fn(settings.loss, batch.ref_logprobs)
             pending = self._client.forward_backward_custom(data, loss_fn)
         else:
-            if settings.loss.kl_coef:
-                raise AssertionError("plan_loss sends kl_coef to the custom loss")
             pending = self._client.forward_backward(data, plan.loss_fn, plan.loss_fn_config or None)
         optim = self._client.optim_step(adam_params(settings))
         output = pending.result()
