@@ -167,6 +167,22 @@ def test_step_sends_ppo_datums_then_adam_params_from_config_fake_service() -> No
     assert result.logprob_diff_max == pytest.approx(0.0, abs=1e-6)  # service = behaviour here
 
 
+def test_sdk_posts_our_adam_params_as_the_optim_step_body() -> None:
+    from conveyor.bridges.tinker.backend import adam_params
+    from conveyor.bridges.tinker.sdk_wire import posted_optim_step
+
+    posted = posted_optim_step(adam_params(trainer()))
+    assert posted.path == "/api/v1/optim_step" and posted.content_type == "application/json"
+    assert json.loads(posted.body)["adam_params"] == {
+        "learning_rate": 3e-5,
+        "beta1": 0.8,
+        "beta2": 0.95,
+        "eps": 1e-7,
+        "weight_decay": 0.01,
+        "grad_clip_norm": 2.0,
+    }
+
+
 def test_default_loss_runs_policy_loss_through_forward_backward_custom_fake_service() -> None:
     client = FakeServiceTrainingClient()
     backend = TinkerBackend(client, trainer())  # dual clip on: no built-in loss has it

@@ -1,11 +1,11 @@
 """`conveyor bridge check --backend tinker`: our samples through the Tinker SDK's own encoder.
 
 The datums are built with `tinker.types`, wrapped in the `ForwardBackwardRequest` the training
-client sends, and serialized by the SDK's own wire encoder (the protobuf body its HTTP client
-posts to `/forward_backward`). The bytes are decoded back independently and checked: the shift,
-dtypes, shapes, advantages zero off the loss mask, and the loss Tinker computes from those fields
-(its documented formula, summed) equal to our `policy_loss` on the same samples, with the current
-logprobs equal to the behaviour ones and perturbed.
+client sends, and posted by the SDK's own HTTP client to an in-memory transport (`sdk_wire`): the
+protobuf body it would send to `/forward_backward`. The bytes are decoded back independently and
+checked: the shift, dtypes, shapes, advantages zero off the loss mask, and the loss Tinker
+computes from those fields (its documented formula, summed) equal to our `policy_loss` on the
+same samples, with the current logprobs equal to the behaviour ones and perturbed.
 """
 
 from __future__ import annotations
@@ -73,9 +73,11 @@ def load_batch(trajectories: Path) -> TrainBatch:
 
 
 def encode_request(data: list[Any], plan: encoding.LossPlan) -> bytes:
-    """The body the SDK posts for `forward_backward(data, plan.loss_fn, ...)`."""
+    """The body the SDK's HTTP client posts to `/forward_backward` for
+    `forward_backward(data, plan.loss_fn, ...)` (captured in memory, `sdk_wire`)."""
     from tinker import types
-    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    from conveyor.bridges.tinker.sdk_wire import posted_forward_backward
 
     loss_fn = "cross_entropy" if plan.loss_fn == "custom" else plan.loss_fn
     request = types.ForwardBackwardRequest(
@@ -85,8 +87,13 @@ def encode_request(data: list[Any], plan: encoding.LossPlan) -> bytes:
         model_id="conveyor-check",
         seq_id=1,
     )
-    body: bytes = forward_backward_request_to_proto(request).SerializeToString()
-    return body
+    posted = posted_forward_backward(request)
+    if posted.path != "/api/v1/forward_backward" or "protobuf" not in posted.content_type:
+        raise RuntimeError(
+            f"the tinker SDK posted {posted.content_type!r} to {posted.path}; this check reads "
+            "the protobuf body of /api/v1/forward_backward (tinker 0.38.0)"
+        )
+    return posted.body
 
 
 def decode_request(body: bytes) -> tuple[str, dict[str, float], list[WireDatum]]:
