@@ -275,9 +275,13 @@ def test_engine_maps_request_and_response_fake_service() -> None:
     assert fingerprint.probe_logprobs[0] == 0.0 and len(fingerprint.probe_logprobs) == 3
 
 
-def config(**engine: Any) -> ConveyorConfig:
+def config(sampling: dict[str, Any] | None = None, **engine: Any) -> ConveyorConfig:
     return ConveyorConfig.model_validate(
-        {"engine": {"kind": "tinker", **engine}, "trainer": {"backend": "tinker"}}
+        {
+            "engine": {"kind": "tinker", **engine},
+            "trainer": {"backend": "tinker"},
+            "sampling": sampling or {},
+        }
     )
 
 
@@ -302,7 +306,9 @@ def test_engine_and_backend_need_the_api_key(
 def test_spec_refuses_engines_other_than_tinker() -> None:
     spec = TinkerSpec()
     engine = TinkerSamplingClient(FakeServiceSamplingClient(), base_model="base")
-    assert spec.refusal(config(), engine) is None
+    hot = spec.refusal(config(sampling={"temperature": 0.7}), engine)
+    assert hot is not None and "sampling.temperature 1.0" in hot
+    assert spec.refusal(config(sampling={"temperature": 1.0}), engine) is None
     message = spec.refusal(config(), object())
     assert message is not None and "needs engine.kind tinker" in message
 

@@ -46,8 +46,16 @@ class TinkerSpec:
         )
 
     def refusal(self, config: ConveyorConfig, engine: Any) -> str | None:
-        """Only the `tinker` engine samples from weights saved in the service."""
+        """Only the `tinker` engine samples from weights saved in the service, and only at
+        temperature 1: the service's forward pass, which gives the trainer's logprobs, has no
+        temperature, so at any other one the PPO ratio would compare two distributions."""
         if isinstance(engine, TinkerSamplingClient):
+            if config.sampling.temperature != 1.0:
+                return (
+                    f"trainer.backend tinker needs sampling.temperature 1.0 (it is "
+                    f"{config.sampling.temperature:g}): the service scores tokens at "
+                    "temperature 1, so the ratio against the sampler's logprobs would be biased"
+                )
             return None
         return (
             f"trainer.backend tinker needs engine.kind tinker (engine.kind is "
