@@ -32,6 +32,12 @@ def bridge_config(*overrides: str) -> ConveyorConfig:
     ).config
 
 
+@pytest.fixture
+def verl_config() -> ConveyorConfig:
+    """What the bridge tests roll out (`bridge_config`)."""
+    return bridge_config()
+
+
 @pytest.fixture(scope="session")
 def verl_python() -> Path:
     """The VeRL venv's interpreter; scripts/test.sh builds the venv, so its absence fails."""

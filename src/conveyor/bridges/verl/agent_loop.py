@@ -40,20 +40,31 @@ from conveyor.types import StopReason, Task, Trajectory
 
 logger = logging.getLogger(__name__)
 
-# Where `run` finds the Conveyor config when a dataset row does not name one.
+# A Conveyor config file that replaces the one each dataset row carries.
 CONFIG_ENV = "CONVEYOR_CONFIG"
 
-# config path -> (config, the families built once with its runtime settings): VeRL builds one
-# agent loop per rollout, and a family instance is meant to live for the whole run.
+# config (file path or row JSON) -> (config, its families built once with its runtime
+# settings): VeRL builds one agent loop per rollout; a family instance lives for the whole run.
 _RUNS: dict[str, tuple[ConveyorConfig, dict[str, TaskFamily]]] = {}
 
 
-def _run_parts(path: str) -> tuple[ConveyorConfig, dict[str, TaskFamily]]:
-    parts = _RUNS.get(path)
+def run_parts(extra_info: dict[str, Any]) -> tuple[ConveyorConfig, dict[str, TaskFamily]]:
+    """The config a row runs under (CONVEYOR_CONFIG, else the row's `conveyor_config` JSON)
+    and its families."""
+    key = os.environ.get(CONFIG_ENV) or str(extra_info.get("conveyor_config") or "")
+    if not key:
+        raise ValueError(
+            f"no Conveyor config: export the dataset with `conveyor bridge export-dataset` "
+            f"or set {CONFIG_ENV} to a config file"
+        )
+    parts = _RUNS.get(key)
     if parts is None:
-        config = load_config(Path(path)).config
+        if os.environ.get(CONFIG_ENV):
+            config = load_config(Path(key)).config
+        else:
+            config = ConveyorConfig.model_validate_json(key)
         parts = (config, build_families(config.tasks.families, config.runtime))
-        _RUNS[path] = parts
+        _RUNS[key] = parts
     return parts
 
 
@@ -168,12 +179,7 @@ class ConveyorAgentLoop(AgentLoopBase):
                 "`conveyor bridge export-dataset`"
             )
         task = Task.model_validate_json(extra["task"])
-        path = os.environ.get(CONFIG_ENV) or extra.get("conveyor_config")
-        if not path:
-            raise ValueError(
-                f"no Conveyor config: set {CONFIG_ENV} or export the dataset with --config"
-            )
-        config, families = _run_parts(str(path))
+        config, families = run_parts(extra)
         trajectory = await self.rollout(config, families, task, sampling_params)
         return output_of(trajectory)
 
