@@ -32,7 +32,7 @@ def bridge_config(*overrides: str) -> ConveyorConfig:
     ).config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def verl_config() -> ConveyorConfig:
     """What the bridge tests roll out (`bridge_config`)."""
     return bridge_config()

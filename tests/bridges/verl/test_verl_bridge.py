@@ -72,7 +72,7 @@ def test_spec_says_vERL_drives_training_and_build_says_how() -> None:
     info = spec.info()
     assert (info.name, info.train, info.eval) == ("verl", False, False)
     assert "FSDP" in info.sync and "CUDA GPU" in info.reason
-    with pytest.raises(BackendUnavailable, match="export-dataset.*main_ppo"):
+    with pytest.raises(BackendUnavailable, match=r"export-dataset.*main_ppo"):
         spec.build(ConveyorConfig(), Path("."), ConveyorConfig().trainer)
     assert "conveyor train" in (spec.refusal(ConveyorConfig(), object()) or "")
 
@@ -82,7 +82,7 @@ def test_check_is_unavailable_without_the_venv(
 ) -> None:
     monkeypatch.setenv(VENV_ENV, str(tmp_path / "nowhere"))
     assert BACKENDS.get("verl").info().version is None
-    with pytest.raises(BridgeUnavailable, match="venv-verl.sh"):
+    with pytest.raises(BridgeUnavailable, match=r"venv-verl\.sh"):
         check(tmp_path / "t.jsonl")
 
 
@@ -114,8 +114,10 @@ def test_bridge_check_verl_on_real_rollouts(trajectories_file: Path, verl_python
     _agent_loop_postprocess + _postprocess give back exactly our samples."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run(
-        [sys.executable, "-m", "conveyor.cli", "bridge", "check", "--backend", "verl"]
-        + ["--trajectories", str(trajectories_file), "--json"],
+        [
+            *(sys.executable, "-m", "conveyor.cli", "bridge", "check", "--backend", "verl"),
+            *("--trajectories", str(trajectories_file), "--json"),
+        ],
         capture_output=True,
         text=True,
         env=env,
