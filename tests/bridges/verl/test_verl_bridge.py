@@ -148,3 +148,61 @@ def test_check_counts_the_dropped_samples_of_a_handmade_split(
     assert report.ok, report.dumps()
     counted = next(c for c in report.checks if c.name == "dropped_samples_counted")
     assert counted.detail.startswith("1 split samples dropped"), counted.detail
+
+
+def test_export_dataset_command_refuses_bad_input_clearly(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from conveyor.bridges.verl.dataset import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a group of two, so the command is named
+    config = Path(__file__).parents[3] / "configs" / "quickstart-eval.yaml"
+    out = tmp_path / "t.parquet"
+    base = ["export-dataset", "--config", str(config), "--out", str(out)]
+    for extra, message in (
+        (["--split", "dev"], "unknown split"),
+        (["--n", "0"], "at least 1"),
+        (["--set", "agent.nope=1"], "nope"),
+    ):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_export_dataset_command_writes_the_parquet(verl_python: Path, tmp_path: Path) -> None:
+    """The command in .venv-verl (which has pyarrow), read back with pyarrow."""
+    script = """
+import sys, typer, pyarrow.parquet as pq
+from typer.testing import CliRunner
+from conveyor.bridges.verl.dataset import register
+app = typer.Typer(); register(app); app.command("noop")(lambda: None)
+r = CliRunner().invoke(app, ["export-dataset", "--config", sys.argv[1], "--out", sys.argv[2],
+    "--split", "eval", "--n", "3", "--set", "agent.max_turns=7"])
+assert r.exit_code == 0, r.output
+print(r.output.strip().splitlines()[-1])
+t = pq.read_table(sys.argv[2]).to_pylist()
+import json; print(json.dumps(t))
+"""
+    config = Path(__file__).parents[3] / "configs" / "quickstart-eval.yaml"
+    out = tmp_path / "eval.parquet"
+    done = subprocess.run(
+        [str(verl_python), "-c", script, str(config), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, table = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert summary == {"rows": 6, "out": str(out), "split": "eval"}
+    assert [r["extra_info"]["index"] for r in table] == list(range(6))
+    for row in table:
+        assert row["agent_name"] == "conveyor"
+        config_of_row = ConveyorConfig.model_validate_json(row["extra_info"]["conveyor_config"])
+        assert config_of_row.agent.max_turns == 7  # --set overrides travel with the row
+        assert Task.model_validate_json(row["extra_info"]["task"]).split == "eval"

@@ -66,6 +66,7 @@ def rows(config: ConveyorConfig, *, split: str, n: int | None) -> list[dict[str,
 
 def export_dataset(config: ConveyorConfig, out: Path, *, split: str, n: int | None) -> int:
     """Write VeRL's parquet of `config`'s tasks to `out`; returns the number of rows."""
+    records = rows(config, split=split, n=n)
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -73,7 +74,7 @@ def export_dataset(config: ConveyorConfig, out: Path, *, split: str, n: int | No
         raise RuntimeError(
             "export-dataset needs pyarrow (pip install 'pyarrow>=19'); .venv-verl has it"
         ) from exc
-    table = pa.Table.from_pylist(rows(config, split=split, n=n))
+    table = pa.Table.from_pylist(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, out)
     return table.num_rows
