@@ -110,3 +110,18 @@ def test_agent_loop_run_with_fake_server_manager_over_the_oracle_scores_it(
     assert 0 in filenav["output"]["response_mask"]
     for rollout in side["oracle"]:
         assert_output_matches_calls(rollout["output"], rollout["calls"])
+
+
+@pytest.mark.slow
+def test_sampling_client_maps_verl_stop_reasons_and_refuses_missing_logprobs(
+    side: dict[str, Any],
+) -> None:
+    answers = side["answers"]
+    assert answers["short"] == "stop"
+    assert answers["full"] == "length"  # all of max_tokens used: VeRL does not say why it stopped
+    assert answers["aborted"] == "abort"
+    for name in ("no_logprobs", "short_logprobs"):
+        assert (
+            answers[name].startswith("EngineError")
+            and "one logprob per sampled token" in answers[name]
+        )

@@ -26,10 +26,10 @@ from verl.utils import hf_tokenizer
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 
-import conveyor.bridges.verl.agent_loop  # noqa: F401  (registers "conveyor")
+from conveyor.bridges.verl.agent_loop import VerlSamplingClient
 from conveyor.bridges.verl.dataset import export_dataset
 from conveyor.config import ConveyorConfig
-from conveyor.engines.base import SampleRequest, SamplingClient
+from conveyor.engines.base import EngineError, SampleRequest, SamplingClient
 from conveyor.engines.hf_local import HFEngine
 from conveyor.tasks.family import build_families
 from conveyor.trainer.sft import OracleEngine
@@ -102,6 +102,35 @@ async def rollout(
     return {"output": output.model_dump(), "calls": manager.calls}
 
 
+class CannedServerManager:
+    """A server manager that answers every request with one canned `TokenOutput`."""
+
+    def __init__(self, output: TokenOutput) -> None:
+        self.output = output
+
+    async def generate(self, request_id: str, **kwargs: Any) -> TokenOutput:
+        return self.output
+
+
+def client_answers() -> dict[str, str]:
+    """What our sampling client makes of server answers: finish reasons, or the error."""
+    request = SampleRequest(prompt_ids=[1, 2], max_tokens=2)
+    answers: dict[str, str] = {}
+    for name, output in {
+        "short": TokenOutput(token_ids=[5], log_probs=[-0.5], stop_reason="completed"),
+        "full": TokenOutput(token_ids=[5, 6], log_probs=[-0.5, -0.1], stop_reason="completed"),
+        "aborted": TokenOutput(token_ids=[5], log_probs=[-0.5], stop_reason="aborted"),
+        "no_logprobs": TokenOutput(token_ids=[5, 6], log_probs=None),
+        "short_logprobs": TokenOutput(token_ids=[5, 6], log_probs=[-0.5]),
+    }.items():
+        client = VerlSamplingClient(CannedServerManager(output), {"temperature": 1.0}, "r")
+        try:
+            answers[name] = str(asyncio.run(client.sample(request)).finish_reason)
+        except EngineError as exc:
+            answers[name] = f"EngineError: {exc}"
+    return answers
+
+
 def main() -> None:
     out_dir, model_dir, config_json = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     config = ConveyorConfig.model_validate_json(Path(config_json).read_text())
@@ -120,7 +149,13 @@ def main() -> None:
         config.model.tool_format,
     )
     engine = HFEngine(model_dir)
-    results: dict[str, Any] = {"written": written, "rows": [], "oracle": [], "sampled": []}
+    results: dict[str, Any] = {
+        "written": written,
+        "rows": [],
+        "oracle": [],
+        "sampled": [],
+        "answers": client_answers(),
+    }
     for row, task in zip(rows, tasks, strict=True):
         results["rows"].append(
             {
