@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 # Where the VeRL venv is: CONVEYOR_VERL_VENV, else `.venv-verl` at the repository root.
 VENV_ENV = "CONVEYOR_VERL_VENV"
-BUILD_HINT = "build it with `bash scripts/venv-verl.sh` (about 1.5 minutes, 1.7 GB)"
+BUILD_HINT = "build it with `bash scripts/venv-verl.sh` (1.5 to 3.5 minutes, 1.7 GB)"
 SYNC = "VeRL's own (FSDP -> vLLM/SGLang in its workers)"
 HOW_TO_RUN = (
     "VeRL's trainer drives our rollouts, not `conveyor train`: write the dataset with "
