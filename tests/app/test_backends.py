@@ -57,3 +57,17 @@ def test_composition_builds_the_configured_backend(model_dir: Path) -> None:
     backend = parts.trainer(model_dir)
     assert isinstance(backend, TorchTrainingEngine)
     assert backend.policy_version == 0
+
+
+def test_trainer_backend_tinker_alone_moves_the_sampler_but_an_explicit_engine_kind_stays(
+    tmp_path: Path,
+) -> None:
+    only_backend = tmp_path / "a.yaml"
+    only_backend.write_text("trainer:\n  backend: tinker\n")
+    assert Composition(load_config(only_backend).config).config.engine.kind == "tinker"
+    explicit = tmp_path / "b.yaml"
+    explicit.write_text("trainer:\n  backend: tinker\nengine:\n  kind: vllm\n")
+    parts = Composition(load_config(explicit).config)
+    assert parts.config.engine.kind == "vllm"  # kept, and then refused by the spec at start:
+    refusal = parts.backend_spec.refusal(parts.config, SimulatedEngine(eos_token_id=0))
+    assert refusal is not None and "engine.kind tinker" in refusal

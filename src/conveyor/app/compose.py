@@ -33,7 +33,7 @@ class Composition:
     """
 
     def __init__(self, config: ConveyorConfig) -> None:
-        self.config = config
+        self.config = _with_backend_sampler(config)
         self._model_dir: Path | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: SamplingClient | None = None
@@ -149,6 +149,21 @@ class Composition:
         """Stop the engine, if one was started."""
         if self._engine is not None:
             await self._engine.close()
+
+
+def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
+    """`config`, with `engine.kind` set to the sampler its training backend brings (a
+    `BackendSpec`'s `engine_kind`, e.g. Tinker's) when the config does not set `engine.kind`
+    itself: changing `trainer.backend` is then the one change that moves a config."""
+    if config.trainer.backend == "builtin" or "kind" in config.engine.model_fields_set:
+        return config
+    from conveyor.registry import BACKENDS
+
+    own = getattr(BACKENDS.get(config.trainer.backend), "engine_kind", None)
+    if not own:
+        return config
+    engine = config.engine.model_copy(update={"kind": own})
+    return config.model_copy(update={"engine": engine})
 
 
 def make_run_dir(config: ConveyorConfig, kind: str) -> Path:

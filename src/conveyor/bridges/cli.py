@@ -10,10 +10,15 @@ from typing import Annotated
 
 import typer
 
+from conveyor.bridges.verl.dataset import register as register_verl_dataset
+
 bridge_app = typer.Typer(
     help="Bridges to other training systems: check encodings, export datasets, compare runs.",
     no_args_is_help=True,
 )
+
+# `conveyor bridge export-dataset`: VeRL's parquet of a config's tasks
+register_verl_dataset(bridge_app)
 
 # backend name -> module whose `check(trajectories: Path) -> CheckReport` checks it
 CHECKERS = {

@@ -232,7 +232,12 @@ class BackendInfo:
 
 @runtime_checkable
 class BackendSpec(Protocol):
-    """A training backend as `trainer.backend` names it (see `conveyor.registry.BACKENDS`)."""
+    """A training backend as `trainer.backend` names it (see `conveyor.registry.BACKENDS`).
+
+    A spec whose weights only its own sampler can serve may also have a class attribute
+    `engine_kind` (Tinker's: "tinker"): a config that leaves `engine.kind` unset then samples
+    with it, so changing `trainer.backend` alone moves the config.
+    """
 
     def info(self) -> BackendInfo:
         """Its version, what it supports here, and why not where it does not; cheap, and

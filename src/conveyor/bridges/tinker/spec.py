@@ -19,6 +19,10 @@ INSTALL = "pip install tinker==0.38.0"
 class TinkerSpec:
     """The `BackendSpec` of the Tinker service: LoRA training there, sampling there."""
 
+    # The sampler this backend brings: a config that names trainer.backend tinker and leaves
+    # engine.kind unset samples from the service (the composition root reads it).
+    engine_kind = "tinker"
+
     def info(self) -> BackendInfo:
         """Usable where the SDK is installed and `TINKER_API_KEY` is set (the service itself
         is not probed: `info` stays cheap and offline)."""
