@@ -11,8 +11,6 @@ import pytest
 # Two cores: torch threads fight every other process (10-70x slower) unless capped.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
-
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
@@ -28,8 +26,3 @@ def tokenizer(model_dir: Path) -> Any:
     from conveyor.engines.factory import load_tokenizer
 
     return load_tokenizer(model_dir)
-
-
-def template(name: str) -> str:
-    """A verbatim third-party chat template from the fixtures (see LICENSE-Qwen.txt)."""
-    return (TEMPLATES / name).read_text()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TEMPLATES
+from chat_templates import TEMPLATES
 
 HEAVY = ("torch", "vllm", "ray", "transformers")
 

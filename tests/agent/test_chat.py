@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import template
+from chat_templates import template
 from conveyor.agent.chat import ChatRenderer, TokenLedger, template_supports_tools
 from conveyor.doctor import _SCHEMAS, diagnose
 

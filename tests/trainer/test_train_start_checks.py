@@ -20,12 +20,12 @@ def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_train_with_an_engine_that_cannot_take_weights_fails_at_start(tmp_path: Path) -> None:
-    # Nothing listens on port 9: the refusal must come from the check, not from a connection.
+def test_train_against_a_server_that_is_not_there_fails_at_start(tmp_path: Path) -> None:
+    # Nothing listens on port 9: the start-up probe says so, before any evaluation.
     run_dir = tmp_path / "run"
     result = _train(run_dir, "engine.kind=openai", "engine.base_url=http://127.0.0.1:9/v1")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "engine.kind='openai'" in result.stderr and "weight_fingerprint" in result.stderr
+    assert "no OpenAI-compatible server answers at http://127.0.0.1:9/v1" in result.stderr
     assert "Traceback" not in result.stderr
     # refused before the first evaluation
     assert not (run_dir / "eval_before.json").exists()
