@@ -62,7 +62,8 @@ def main() -> int:
             break
         for call in message.tool_calls:
             arguments = json.loads(call.function.arguments)
-            result = post(f"{rollout}/tools/{call.function.name}", arguments)
+            # the name-in-body form: a model may invent names that are not URL-safe
+            result = post(f"{rollout}/tools", {"name": call.function.name, "arguments": arguments})
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result["output"]})
             if result.get("finished"):
                 finished = True

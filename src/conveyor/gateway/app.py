@@ -72,6 +72,13 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         rid, name = request.path_params["rid"], request.path_params["name"]
         return JSONResponse(await gateway.call_tool(rid, name, await _json(request)))
 
+    async def named_tool(request: Request) -> Response:
+        body = await _json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            raise bad_request('the body must be {"name": str, "arguments": {...}}')
+        rid = request.path_params["rid"]
+        return JSONResponse(await gateway.call_tool(rid, body["name"], body.get("arguments", {})))
+
     async def chat(request: Request) -> Response:
         answer = await gateway.chat(request.path_params["rid"], await _json(request))
         return JSONResponse(answer)
@@ -89,6 +96,7 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         Route("/rollouts/{rid}", show, methods=["GET"]),
         Route("/rollouts/{rid}/finish", finish, methods=["POST"]),
         Route("/rollouts/{rid}/task", task, methods=["GET"]),
+        Route("/rollouts/{rid}/tools", named_tool, methods=["POST"]),
         Route("/rollouts/{rid}/tools/{name}", tool, methods=["POST"]),
         Route("/rollouts/{rid}/v1/chat/completions", chat, methods=["POST"]),
         Route("/rollouts/{rid}/v1/models", models, methods=["GET"]),
