@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 from collections.abc import Iterator
 
@@ -13,6 +14,8 @@ import uvicorn
 from conveyor.gateway.app import make_app
 from conveyor.gateway.service import Gateway
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 class _EmbeddedServer(uvicorn.Server):
     """A uvicorn server that leaves the process's signal handlers alone (its host owns them)."""
@@ -20,6 +23,21 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _SignalledServer(uvicorn.Server):
+    """A uvicorn server stopped by SIGTERM/SIGINT that then returns normally (uvicorn re-raises
+    the signal after its shutdown, which would kill the process before the gateway records its
+    unfinished rollouts and the engine is closed)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 class GatewayServer:
@@ -65,7 +83,7 @@ class GatewayServer:
 
     async def serve_until_signal(self, on_ready: str | None = None) -> None:
         """Serve until SIGTERM/SIGINT (uvicorn's own handlers), then `Gateway.shutdown`."""
-        server = uvicorn.Server(self._config())
+        server = _SignalledServer(self._config())
         task = asyncio.create_task(server.serve(sockets=[self._socket]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
