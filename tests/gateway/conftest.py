@@ -56,7 +56,11 @@ def served(gateway: Gateway) -> Iterator[str]:
         async def main() -> None:
             server = GatewayServer(gateway)
             await server.start()
-            holder["server"], holder["loop"], holder["stop"] = server, asyncio.get_running_loop(), asyncio.Event()
+            holder["server"], holder["loop"], holder["stop"] = (
+                server,
+                asyncio.get_running_loop(),
+                asyncio.Event(),
+            )
             ready.set()
             await holder["stop"].wait()
             await server.stop()

@@ -53,10 +53,15 @@ def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
     families = build_families(["filenav", "arithmetic"])
     tasks = [t for f in families.values() for t in f.make_tasks(5, 0, "eval")]
     make_renderer = renderer_factory(ConveyorConfig().model, tokenizer)
-    native = AgentStages(engine, make_renderer, AGENT, GREEDY, rollout_timeout_s=120,
-                         families=families)
+    native = AgentStages(
+        engine, make_renderer, AGENT, GREEDY, rollout_timeout_s=120, families=families
+    )
     external = ExternalAgentStages(
-        [sys.executable, str(AGENT_PROGRAM)], engine, make_renderer, AGENT, GREEDY,
+        [sys.executable, str(AGENT_PROGRAM)],
+        engine,
+        make_renderer,
+        AGENT,
+        GREEDY,
         families=families,
     )
 
@@ -75,14 +80,18 @@ def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
         for ta, tb in zip(a.turns, b.turns, strict=True):
             assert ta.prompt_ids == tb.prompt_ids, a.task_id
             assert ta.completion_ids == tb.completion_ids, a.task_id
-            diffs = [abs(x - y) for x, y in zip(ta.completion_logprobs, tb.completion_logprobs,
-                                                strict=True)]
+            diffs = [
+                abs(x - y)
+                for x, y in zip(ta.completion_logprobs, tb.completion_logprobs, strict=True)
+            ]
             worst = max([worst, *diffs])
             turns += 1
         assert (a.status, a.stop_reason) == (b.status, b.stop_reason), a.task_id
         assert a.solved == b.solved, a.task_id
         assert b.counters["splits"] == 0
-    print(f"turns={turns} max_abs_logprob_diff={worst:.2e} "
-          f"solved native={sum(t.solved for t in ours)} sdk={sum(t.solved for t in theirs)} "
-          f"statuses={[t.status.value for t in theirs]}")
+    print(
+        f"turns={turns} max_abs_logprob_diff={worst:.2e} "
+        f"solved native={sum(t.solved for t in ours)} sdk={sum(t.solved for t in theirs)} "
+        f"statuses={[t.status.value for t in theirs]}"
+    )
     assert worst <= 1e-3

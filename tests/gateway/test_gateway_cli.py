@@ -35,8 +35,17 @@ def test_gateway_command_prints_ready_serves_and_stops_on_sigterm(
     port = _free_port()
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "conveyor.gateway", "--config", str(config), "--port", str(port),
-         "--run-dir", str(run_dir)],
+        [
+            sys.executable,
+            "-m",
+            "conveyor.gateway",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--run-dir",
+            str(run_dir),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -55,15 +64,19 @@ def test_gateway_command_prints_ready_serves_and_stops_on_sigterm(
             created = http.post("/rollouts", json={"task_id": "arithmetic-eval-0000"}).json()
             rollout = f"/rollouts/{created['rollout_id']}"
             info = http.get(f"{rollout}/task").json()
-            reply = http.post(f"{rollout}/v1/chat/completions",
-                              json={"messages": info["messages"], "tools": info["tools"]})
+            reply = http.post(
+                f"{rollout}/v1/chat/completions",
+                json={"messages": info["messages"], "tools": info["tools"]},
+            )
             assert reply.status_code == 200, reply.text
             answered = http.post(f"{rollout}/tools/finish", json={"answer": "42"}).json()
             assert answered == {"output": "Answer submitted.", "is_error": False, "finished": True}
             finished = http.post(f"{rollout}/finish", json={}).json()
             assert finished["status"] == "ok" and finished["reward"] in (0.0, 1.0)
-            http.post("/rollouts/left-open/v1/chat/completions",
-                      json={"messages": [{"role": "user", "content": "hi"}]})
+            http.post(
+                "/rollouts/left-open/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}]},
+            )
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:

@@ -61,8 +61,13 @@ def test_unknown_rollout_is_404_everywhere(url: str) -> None:
         ]:
             response = http.request(method, path, json={})
             assert _error(response, 404)["code"] == "unknown_rollout"
-        assert _error(http.post("/rollouts/bad%20id/v1/chat/completions",
-                                json={"messages": MESSAGES}), 404)["code"] == "invalid_rollout_id"
+        assert (
+            _error(
+                http.post("/rollouts/bad%20id/v1/chat/completions", json={"messages": MESSAGES}),
+                404,
+            )["code"]
+            == "invalid_rollout_id"
+        )
         assert _error(http.get("/no/such/route"), 404)["type"] == "not_found_error"
         # the openai client sees a NotFoundError
         client = openai.OpenAI(base_url=f"{url}/rollouts/nope", api_key="x", max_retries=0)
@@ -86,7 +91,10 @@ def test_finished_rollout_refuses_chat_tools_and_finish_with_409(url: str) -> No
         assert _error(http.post(f"/rollouts/{rid}/finish", json={"reward": 1.0}), 409)
         with pytest.raises(openai.ConflictError):
             client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
-        assert _error(http.post("/rollouts", json={"rollout_id": rid}), 409)["code"] == "rollout_exists"
+        assert (
+            _error(http.post("/rollouts", json={"rollout_id": rid}), 409)["code"]
+            == "rollout_exists"
+        )
 
 
 def test_stream_n_and_garbage_bodies_are_400(url: str) -> None:
@@ -96,9 +104,14 @@ def test_stream_n_and_garbage_bodies_are_400(url: str) -> None:
     assert "stream" in str(caught.value)
     with httpx.Client(base_url=url, timeout=30) as http:
         chat = "/rollouts/r-stream/v1/chat/completions"
-        assert _error(http.post(chat, json={"messages": MESSAGES, "stream": True}), 400)["param"] == "stream"
+        assert (
+            _error(http.post(chat, json={"messages": MESSAGES, "stream": True}), 400)["param"]
+            == "stream"
+        )
         assert _error(http.post(chat, json={"messages": MESSAGES, "n": 2}), 400)["param"] == "n"
-        garbage = http.post(chat, content=b"{not json", headers={"content-type": "application/json"})
+        garbage = http.post(
+            chat, content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert _error(garbage, 400)["code"] == "invalid_json"
         assert _error(http.post(chat, json=[1, 2]), 400)
         assert _error(http.post(chat, json={"messages": []}), 400)["param"] == "messages"
@@ -110,10 +123,18 @@ def test_stream_n_and_garbage_bodies_are_400(url: str) -> None:
     [
         ({"type": "function", "function": {"name": "bad name"}}, "must match"),
         ({"type": "retrieval"}, "only"),
-        ({"type": "function", "function": {"name": "t", "parameters": {"type": "array"}}}, "type 'object'"),
         (
-            {"type": "function", "function": {"name": "t", "parameters": {
-                "type": "object", "properties": {}, "required": ["x"]}}},
+            {"type": "function", "function": {"name": "t", "parameters": {"type": "array"}}},
+            "type 'object'",
+        ),
+        (
+            {
+                "type": "function",
+                "function": {
+                    "name": "t",
+                    "parameters": {"type": "object", "properties": {}, "required": ["x"]},
+                },
+            },
             "required",
         ),
     ],
@@ -164,9 +185,10 @@ def test_a_rollout_serves_its_requests_one_at_a_time_without_hanging(
     async def main() -> None:
         gateway = make_gw(_engine(tokenizer))
         body = {"messages": MESSAGES}
-        first, second = await asyncio.wait_for(
+        answers = await asyncio.wait_for(
             asyncio.gather(gateway.chat("r-2", body), gateway.chat("r-2", body)), timeout=60
         )
+        assert [a["choices"][0]["message"]["content"] for a in answers] == ["Hi there."] * 2
         # both requests resend the same history: the second is an edit of the first's result
         assert gateway.trajectory("r-2").counters["splits"] == 1
 

@@ -4,6 +4,8 @@ recorded trajectory trains one built-in step like a native one."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -26,20 +28,27 @@ def hf_engine(model_dir: Path) -> Any:
     return HFEngine(model_dir)
 
 
-def _turn(client: openai.OpenAI, http: httpx.Client, rollout: str, info: dict[str, Any],
-          messages: list[dict[str, Any]]) -> None:
-    """One SDK turn: ask, append the reply as the SDK returns it, answer its tool calls (or nudge)."""
+def _turn(
+    client: openai.OpenAI,
+    http: httpx.Client,
+    rollout: str,
+    info: dict[str, Any],
+    messages: list[dict[str, Any]],
+) -> None:
+    """One SDK turn: ask, append the reply as the SDK returns it, answer its tool calls."""
     reply = client.chat.completions.create(
-        model="policy", messages=messages, tools=info["tools"],  # type: ignore[arg-type]
-        max_tokens=info["max_tokens"], temperature=0,
+        model="policy",
+        messages=messages,
+        tools=info["tools"],  # type: ignore[arg-type]
+        max_tokens=info["max_tokens"],
+        temperature=0,
     )
     message = reply.choices[0].message
     messages.append(message.model_dump(exclude_none=True))
     for call in message.tool_calls or []:
-        import json
-
-        out = http.post(f"{rollout}/tools/{call.function.name}",
-                        json=json.loads(call.function.arguments)).json()
+        out = http.post(
+            f"{rollout}/tools/{call.function.name}", json=json.loads(call.function.arguments)
+        ).json()
         messages.append({"role": "tool", "tool_call_id": call.id, "content": out["output"]})
     if not message.tool_calls:
         messages.append({"role": "user", "content": "Use a tool, then call finish."})
@@ -47,7 +56,7 @@ def _turn(client: openai.OpenAI, http: httpx.Client, rollout: str, info: dict[st
 
 def _assert_prefix_property(trajectory: Trajectory) -> None:
     turns = trajectory.turns
-    for before, after in zip(turns, turns[1:], strict=False):
+    for before, after in itertools.pairwise(turns):
         if after.sample_index != before.sample_index:
             continue
         sent = before.prompt_ids + before.completion_ids
@@ -97,8 +106,10 @@ def test_sdk_conversation_reuses_ids_and_an_edit_is_one_split_and_it_trains(
 
         done = http.post(f"{rollout}/finish", json={"reward": 1.0})
         assert done.status_code == 200
-    on_disk = [Trajectory.from_json(line) for line in
-               (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    on_disk = [
+        Trajectory.from_json(line)
+        for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert len(on_disk) == 1 and on_disk[0].reward == 1.0 and len(on_disk[0].turns) == 7
 
     from conveyor.trainer.backend import TrainBatch
@@ -110,5 +121,7 @@ def test_sdk_conversation_reuses_ids_and_an_edit_is_one_split_and_it_trains(
     result = trainer.step(TrainBatch(items=[(s, 1.0) for s in samples]))
     assert math.isfinite(result.loss)
     assert result.trained_tokens == sum(len(t.completion_ids) for t in on_disk[0].turns)
-    print(f"trained_tokens={result.trained_tokens} logprob_diff_mean={result.logprob_diff_mean:.2e}")
+    print(
+        f"trained_tokens={result.trained_tokens} logprob_diff_mean={result.logprob_diff_mean:.2e}"
+    )
     assert result.logprob_diff_mean < 0.05, result.logprob_diff_mean

@@ -33,7 +33,12 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
 
     async def create(request: Request) -> Response:
         body = await _json(request, allow_empty=True) or {}
-        if not isinstance(body, dict) or set(body) - {"rollout_id", "task_id", "task", "sample_index"}:
+        if not isinstance(body, dict) or set(body) - {
+            "rollout_id",
+            "task_id",
+            "task",
+            "sample_index",
+        }:
             raise bad_request(
                 'the body must be an object with optional "rollout_id", "task_id", "task", '
                 '"sample_index"'
@@ -48,7 +53,10 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         if not isinstance(sample_index, int) or sample_index < 0:
             raise bad_request("sample_index must be a non-negative integer", param="sample_index")
         record = await gateway.create(
-            body.get("rollout_id"), task=task, task_id=body.get("task_id"), sample_index=sample_index
+            body.get("rollout_id"),
+            task=task,
+            task_id=body.get("task_id"),
+            sample_index=sample_index,
         )
         rid = record.rollout_id
         return JSONResponse({"rollout_id": rid, "base_url": f"{rollout_url(rid)}/v1"})
@@ -116,7 +124,9 @@ async def _json(request: Request, *, allow_empty: bool = False) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+        raise bad_request(
+            f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from exc
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
@@ -135,6 +145,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("gateway: unexpected error on %s %s", request.method, request.url.path)
-    error = GatewayError(500, f"internal gateway error: {type(exc).__name__}: {exc}",
-                         type="server_error", code="internal_error")
+    error = GatewayError(
+        500,
+        f"internal gateway error: {type(exc).__name__}: {exc}",
+        type="server_error",
+        code="internal_error",
+    )
     return JSONResponse(error.body(), status_code=500)

@@ -80,7 +80,9 @@ def check_tool_schema(index: int, schema: Any) -> None:
     """One OpenAI function tool; `GatewayError` saying which tool and why it is refused."""
     where = f"tools[{index}]"
     if not isinstance(schema, dict) or schema.get("type") != "function":
-        raise bad_request(f"{where}: only {{'type': 'function', ...}} tools are supported", param=where)
+        raise bad_request(
+            f"{where}: only {{'type': 'function', ...}} tools are supported", param=where
+        )
     function = schema.get("function")
     if not isinstance(function, dict):
         raise bad_request(f"{where}: 'function' must be an object", param=where)
@@ -98,7 +100,9 @@ def check_tool_schema(index: int, schema: Any) -> None:
             f"{where}: 'parameters' must be a JSON schema of type 'object'", param=f"tools[{index}]"
         )
     properties = parameters.get("properties", {})
-    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+    if not isinstance(properties, dict) or not all(
+        isinstance(p, dict) for p in properties.values()
+    ):
         raise bad_request(
             f"{where}: 'parameters.properties' must map names to schemas", param=f"tools[{index}]"
         )
@@ -174,12 +178,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(body: dict[str, Any], key: str, *, low: float, high: float | None = None) -> float | None:
+def _number(
+    body: dict[str, Any], key: str, *, low: float, high: float | None = None
+) -> float | None:
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or value < low or (
-        high is not None and value > high
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or value < low
+        or (high is not None and value > high)
     ):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise bad_request(f"{key} must be a number {bound}, got {value!r}", param=key)

@@ -114,7 +114,10 @@ class ExternalAgentStages:
         server = await self.server()
         rollout_id = f"{task.id}.{sample_index}.{uuid.uuid4().hex[:8]}"
         record = await self.gateway.create(
-            rollout_id, task=task, sample_index=sample_index, runtime=runtime,
+            rollout_id,
+            task=task,
+            sample_index=sample_index,
+            runtime=runtime,
             score_on_finish=False,
         )
         rollout_url = f"{server.url}/rollouts/{rollout_id}"
@@ -126,7 +129,11 @@ class ExternalAgentStages:
             "CONVEYOR_ROLLOUT_URL": rollout_url,
         }
         workspace = getattr(runtime, "workspace", None)
-        cwd = str(workspace) if isinstance(workspace, str | Path) and Path(workspace).is_dir() else None
+        cwd = (
+            str(workspace)
+            if isinstance(workspace, str | Path) and Path(workspace).is_dir()
+            else None
+        )
         process = await asyncio.create_subprocess_exec(
             *self.command,
             env=env,

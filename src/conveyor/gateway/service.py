@@ -1,16 +1,10 @@
 """The gateway without HTTP: rollouts, chat turns recorded token-exact, tools, finish.
 
 A chat request is rendered with our `ChatRenderer` (the request's tools, the model's template,
-`model.tool_format` / `model.tool_prompt`) and advanced on the rollout's `TokenLedger`:
-
-- the resent history equals what was recorded (our assistant messages as we returned them, then
-  only new tool/user/system messages): the next prompt is the previous prompt + completion ids +
-  the tokenized delta; sampled ids are never re-tokenized;
-- anything earlier differs (or the tools changed): the conversation is rendered in full and a new
-  training sample starts (`Turn.sample_index` + 1, `counters.splits` + 1).
-
-Assistant messages are recorded with the RAW sampled text (tool-call markup included), exactly
-as the native loop records them, so a gateway trajectory trains like a native one.
+`model.tool_format` / `model.tool_prompt`) and advanced on the rollout's `TokenLedger`, reusing
+the sampled ids or counting a split (`conversation`). Assistant messages are recorded with the
+RAW sampled text, exactly as the native loop records them, so a gateway trajectory trains like
+a native one.
 """
 
 from __future__ import annotations
@@ -26,23 +20,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer, TokenLedger
-from conveyor.agent.parsing import format_tool_call, parse_tool_calls
+from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
 from conveyor.config import AgentConfig, ConveyorConfig, ModelConfig, SamplingConfig
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
 from conveyor.gateway.chat_request import (
     ChatRequest,
-    arguments_value,
     normal_message,
     parse_chat_request,
-    text_of,
 )
+from conveyor.gateway.conversation import advance, internal_messages
 from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_found
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.tasks.family import TaskFamily, get_family
-from conveyor.types import EndReason, Message, Status, StopReason, Task, ToolCall, Trajectory, Turn
+from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory, Turn
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 RendererFactory = Callable[[list[dict[str, Any]]], ChatRenderer]
@@ -147,8 +140,12 @@ class Gateway:
                     runtime = await self.family(task.family).make_runtime(task)
                 except RuntimeFailure as exc:
                     del self.rollouts[rollout_id]
-                    raise GatewayError(503, f"the runtime failed to start: {exc}",
-                                       type="server_error", code="runtime_error") from exc
+                    raise GatewayError(
+                        503,
+                        f"the runtime failed to start: {exc}",
+                        type="server_error",
+                        code="runtime_error",
+                    ) from exc
             record.runtime, record.owns_runtime = runtime, owns
             record.ctx = ToolContext(task=task, runtime=runtime)
         return record
@@ -194,8 +191,8 @@ class Gateway:
                     code="max_turns",
                 )
             renderer = self._renderer(request.tools)
-            internal, normal = self._internal_messages(record, request.messages, renderer)
-            prompt = self._advance(record, request, renderer, internal, normal)
+            internal, normal = internal_messages(record, request.messages, renderer)
+            prompt = advance(record, request, renderer, internal, normal)
             await self._check_budget(record, prompt)
             return await self._sample(record, request, renderer, prompt, normal)
 
@@ -205,80 +202,18 @@ class Gateway:
             self._renderers[key] = self.make_renderer(tools)
         return self._renderers[key]
 
-    def _internal_messages(
-        self, record: RolloutRecord, messages: list[Message], renderer: ChatRenderer
-    ) -> tuple[list[Message], list[tuple[Any, ...]]]:
-        """OpenAI messages -> our rendering form, and their normal forms for comparison."""
-        names = dict(record.call_names)
-        internal: list[Message] = []
-        normal: list[tuple[Any, ...]] = []
-        for index, message in enumerate(messages):
-            form = normal_message(message)
-            normal.append(form)
-            role, content = form[0], form[1]
-            if role == "assistant":
-                for call in message.get("tool_calls") or []:
-                    names[call.get("id", "")] = call["function"]["name"]
-                raw = record.raw_assistant.get(form)
-                internal.append(
-                    {"role": "assistant", "content": raw if raw is not None
-                     else _assistant_text(index, message, renderer)}
-                )
-            elif role == "tool":
-                name = message.get("name") or names.get(message["tool_call_id"])
-                if not name:
-                    raise bad_request(
-                        f"messages[{index}]: tool_call_id {message['tool_call_id']!r} answers no "
-                        "tool call of an earlier assistant message",
-                        param=f"messages[{index}]",
-                    )
-                internal.append({"role": "tool", "content": content, "name": name})
-            else:
-                internal.append({"role": role, "content": content})
-        return internal, normal
-
-    def _advance(
-        self,
-        record: RolloutRecord,
-        request: ChatRequest,
-        renderer: ChatRenderer,
-        internal: list[Message],
-        normal: list[tuple[Any, ...]],
-    ) -> list[int]:
-        """The next prompt ids: extending the recorded ones, or a counted split."""
-        ledger = record.ledger
-        tools_key = json.dumps(request.tools, sort_keys=True)
-        seen = len(record.history)
-        if (
-            ledger is not None
-            and tools_key == record.tools_key
-            and normal[:seen] == record.history
-            and all(form[0] != "assistant" for form in normal[seen:])
-        ):
-            return ledger.next_prompt(internal[seen:])
-        if ledger is None:
-            fresh = TokenLedger(renderer)
-        else:
-            reason = (
-                "the tools changed" if tools_key != record.tools_key
-                else f"the resent history differs from the recorded one within its first "
-                f"{seen} messages"
-            )
-            fresh = TokenLedger(
-                renderer,
-                sample_index=ledger.sample_index + 1,
-                splits=ledger.splits + 1,
-                split_reasons=[*ledger.split_reasons, reason],
-            )
-        record.ledger, record.tools_key = fresh, tools_key
-        return fresh.start(internal)
-
     async def _check_budget(self, record: RolloutRecord, prompt: list[int]) -> None:
         agent = self.agent
         if len(prompt) > agent.max_prompt_tokens:
-            reason, limit = EndReason.MAX_PROMPT_TOKENS, f"agent.max_prompt_tokens={agent.max_prompt_tokens}"
+            reason, limit = (
+                EndReason.MAX_PROMPT_TOKENS,
+                f"agent.max_prompt_tokens={agent.max_prompt_tokens}",
+            )
         elif len(prompt) >= agent.max_context_tokens:
-            reason, limit = EndReason.MAX_CONTEXT_TOKENS, f"agent.max_context_tokens={agent.max_context_tokens}"
+            reason, limit = (
+                EndReason.MAX_CONTEXT_TOKENS,
+                f"agent.max_context_tokens={agent.max_context_tokens}",
+            )
         else:
             return
         await self._close(record, Status.TRUNCATED, reason)
@@ -303,8 +238,10 @@ class Gateway:
         cap = min(agent.max_completion_tokens, request.max_tokens or agent.max_completion_tokens)
         temperature = request.temperature
         top_p = request.top_p
-        seed = request.seed if request.seed is not None else request_seed(
-            self.sampling.sampling_seed, record.session, turn_index
+        seed = (
+            request.seed
+            if request.seed is not None
+            else request_seed(self.sampling.sampling_seed, record.session, turn_index)
         )
         sample = SampleRequest(
             prompt_ids=prompt,
@@ -359,7 +296,7 @@ class Gateway:
             if room < agent.max_completion_tokens
             else EndReason.MAX_COMPLETION_TOKENS,
         )
-        tool_calls = [
+        tool_calls: list[dict[str, Any]] = [
             {
                 "id": f"call_{turn_index}_{i}",
                 "type": "function",
@@ -418,8 +355,10 @@ class Gateway:
                 await self._close(record, Status.INFRA_ERROR, EndReason.UNSET)
                 await self._finalize(record)
                 raise GatewayError(
-                    502, f"the runtime failed ({exc}); the rollout is an infra_error",
-                    type="server_error", code="runtime_error",
+                    502,
+                    f"the runtime failed ({exc}); the rollout is an infra_error",
+                    type="server_error",
+                    code="runtime_error",
                 ) from exc
             if outcome.is_error:
                 record.bump("tool_errors")
@@ -447,8 +386,14 @@ class Gateway:
                 raise conflict(f"rollout {rollout_id!r} is already finished")
             if "reward" in body:
                 reward = body["reward"]
-                if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
-                    raise bad_request(f"reward must be a finite number, got {reward!r}", param="reward")
+                if (
+                    not isinstance(reward, int | float)
+                    or isinstance(reward, bool)
+                    or not math.isfinite(reward)
+                ):
+                    raise bad_request(
+                        f"reward must be a finite number, got {reward!r}", param="reward"
+                    )
                 record.reward = float(reward)
             else:
                 if record.task is None:
@@ -464,7 +409,9 @@ class Gateway:
                     family = self.family(record.task.family)
                     try:
                         record.reward = await family.score(
-                            record.task, record.submitted_answer(), record.runtime  # type: ignore[arg-type]
+                            record.task,
+                            record.submitted_answer(),
+                            record.runtime,  # type: ignore[arg-type]
                         )
                     except RuntimeFailure as exc:
                         record.error = f"scoring failed: {exc}"
@@ -542,23 +489,6 @@ def _require_open(record: RolloutRecord) -> None:
             "only finish is accepted",
             code="rollout_closed",
         )
-
-
-def _assistant_text(index: int, message: Message, renderer: ChatRenderer) -> str:
-    """An assistant message the gateway did not sample, written as the model would write it."""
-    parts = [text_of(message.get("content"))] if message.get("content") else []
-    for call in message.get("tool_calls") or []:
-        arguments = arguments_value(call["function"].get("arguments"))
-        if not isinstance(arguments, dict):
-            raise bad_request(
-                f"messages[{index}]: tool call arguments must be a JSON object",
-                param=f"messages[{index}]",
-            )
-        parts.append(
-            format_tool_call(ToolCall(name=call["function"]["name"], arguments=arguments),
-                             renderer.tool_format)
-        )
-    return "\n".join(parts)
 
 
 def _append(path: Path, line: str) -> None:
