@@ -4,6 +4,7 @@ Run it in a rollout's environment (`ExternalAgentStages` sets these):
     OPENAI_BASE_URL       the rollout's chat base URL   http://127.0.0.1:PORT/rollouts/ID/v1
     OPENAI_API_KEY        anything
     CONVEYOR_ROLLOUT_URL  the rollout itself            http://127.0.0.1:PORT/rollouts/ID
+    SDK_AGENT_TEMPERATURE optional, default 0 (greedy)
 
 It reads the task (messages, tool schemas, budgets), asks for completions greedily, runs each
 tool call through the gateway's tool endpoint (the rollout's own runtime), and stops when
@@ -41,6 +42,8 @@ def main() -> int:
     rollout = os.environ["CONVEYOR_ROLLOUT_URL"]
     task = get(f"{rollout}/task")
     client = openai.OpenAI(max_retries=0, timeout=600)  # OPENAI_BASE_URL / OPENAI_API_KEY
+    # greedy unless told otherwise (seeded sampling: the gateway supplies the per-turn seed)
+    temperature = float(os.environ.get("SDK_AGENT_TEMPERATURE", "0"))
     messages: list[dict[str, Any]] = list(task["messages"])
     finished = False
     for _ in range(task["max_turns"]):
@@ -50,7 +53,7 @@ def main() -> int:
                 messages=messages,  # type: ignore[arg-type]
                 tools=task["tools"],
                 max_tokens=task["max_tokens"],
-                temperature=0,
+                temperature=temperature,
             )
         except openai.BadRequestError as exc:  # a budget ran out: the rollout has ended
             print(f"stopped: {exc}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """Identity: the native agent loop and an unmodified openai-SDK agent (examples/sdk_agent.py,
-run as a subprocess by `ExternalAgentStages`) on the same in-process vLLM engine, greedy with
-hints off, sample the same ids every turn with the same logprobs and solve the same tasks."""
+run as a subprocess by `ExternalAgentStages`) on the same in-process vLLM engine, hints off,
+sample the same ids every turn with the same logprobs and solve the same tasks: greedy, and
+seeded sampling at temperature 0.7 (the gateway derives the native loop's per-turn seed), which
+gets the small model past its first turn, so tool replies sent back through the SDK count too."""
 
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ AGENT = AgentConfig(
     rollout_timeout_s=120,
     hints=HintsConfig(enabled=False),
 )
-GREEDY = SamplingConfig(temperature=0.0)
 
 
 async def _rollouts(stages: Any, tasks: list[Task]) -> list[Trajectory]:
@@ -44,25 +45,36 @@ async def _rollouts(stages: Any, tasks: list[Task]) -> list[Trajectory]:
     return out
 
 
-def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
-    model_dir: Path, tokenizer: Any
-) -> None:
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Any:
     from conveyor.engines.vllm_local import VLLMEngine
 
-    engine = VLLMEngine(model_dir, max_num_seqs=4, max_model_len=2048, kv_cache_gib=1, seed=0)
+    vllm = VLLMEngine(model_dir, max_num_seqs=4, max_model_len=2048, kv_cache_gib=1, seed=0)
+    yield vllm
+    asyncio.run(vllm.close())
+
+
+@pytest.mark.parametrize(
+    ("temperature", "per_family"), [(0.0, 5), (0.7, 3)], ids=["greedy", "seeded"]
+)
+def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
+    engine: Any, tokenizer: Any, temperature: float, per_family: int
+) -> None:
     families = build_families(["filenav", "arithmetic"])
-    tasks = [t for f in families.values() for t in f.make_tasks(5, 0, "eval")]
+    tasks = [t for f in families.values() for t in f.make_tasks(per_family, 0, "eval")]
+    sampling = SamplingConfig(temperature=temperature, sampling_seed=7)
     make_renderer = renderer_factory(ConveyorConfig().model, tokenizer)
     native = AgentStages(
-        engine, make_renderer, AGENT, GREEDY, rollout_timeout_s=120, families=families
+        engine, make_renderer, AGENT, sampling, rollout_timeout_s=120, families=families
     )
     external = ExternalAgentStages(
         [sys.executable, str(AGENT_PROGRAM)],
         engine,
         make_renderer,
         AGENT,
-        GREEDY,
+        sampling,
         families=families,
+        env={"SDK_AGENT_TEMPERATURE": str(temperature)},
     )
 
     async def main() -> tuple[list[Trajectory], list[Trajectory]]:
@@ -70,7 +82,6 @@ def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
             return await _rollouts(native, tasks), await _rollouts(external, tasks)
         finally:
             await external.close()
-            await engine.close()
 
     ours, theirs = asyncio.run(main())
     turns = 0

@@ -139,3 +139,66 @@ def test_fake_engine_failure_behind_the_gateway_is_raised_as_infra(
 ) -> None:
     with pytest.raises(EngineError, match="fake_engine_failure"):
         _rollout(_stages(tokenizer, tmp_path, _DownEngine(), "answer", "1"))
+
+
+def test_scripted_oracle_agent_is_identical_to_native_over_many_turns(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """Multi-turn identity without the model (which rarely calls tools greedily with hints
+    off): an engine scripted to play each task's oracle calls, one per turn, drives both the
+    native loop and examples/sdk_agent.py; every prompt (tool replies sent back through the
+    SDK included) must be the same ids."""
+    from conveyor.agent.parsing import format_tool_call
+    from conveyor.rollout import AgentStages
+
+    families = build_families(["filenav", "arithmetic"])
+    tasks = [t for f in families.values() for t in f.make_tasks(2, 0, "eval")]
+    end = tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    by_question = {t.prompt[-1]["content"]: families[t.family].oracle_calls(t) for t in tasks}
+
+    def respond(prompt: list[int]) -> list[int]:
+        text = tokenizer.decode(prompt)
+        calls = next(c for q, c in by_question.items() if q in text)
+        step = min(text.count("<tool_response>"), len(calls) - 1)
+        return (
+            tokenizer.encode(format_tool_call(calls[step], "hermes"), add_special_tokens=False)
+            + end
+        )
+
+    engine = SimulatedEngine(respond, eos_token_id=end[0])
+    agent = AgentConfig(max_completion_tokens=96, hints=HintsConfig(enabled=False))
+    make_renderer = renderer_factory(ConveyorConfig().model, tokenizer)
+    sampling = SamplingConfig(temperature=0.0)
+    native = AgentStages(
+        engine, make_renderer, agent, sampling, rollout_timeout_s=60, families=families
+    )
+    program = Path(__file__).resolve().parents[2] / "examples" / "sdk_agent.py"
+    external = ExternalAgentStages(
+        [sys.executable, str(program)], engine, make_renderer, agent, sampling, families=families
+    )
+
+    async def play(stages: Any) -> list[Trajectory]:
+        out = []
+        for task in tasks:
+            runtime = await stages.init(task, 0, 0)
+            try:
+                out.append(await stages.reward(task, await stages.run(task, 0, runtime), runtime))
+            finally:
+                await runtime.close()
+        return out
+
+    async def main() -> tuple[list[Trajectory], list[Trajectory]]:
+        try:
+            return await play(native), await play(external)
+        finally:
+            await external.close()
+
+    ours, theirs = asyncio.run(main())
+    for a, b in zip(ours, theirs, strict=True):
+        assert len(a.turns) >= 3 and a.solved and b.solved, a.task_id
+        assert [t.prompt_ids for t in a.turns] == [t.prompt_ids for t in b.turns], a.task_id
+        assert [t.completion_ids for t in a.turns] == [t.completion_ids for t in b.turns]
+        assert [m for m in a.messages if m["role"] == "tool"] == [
+            m for m in b.messages if m["role"] == "tool"
+        ]
+        assert b.counters["splits"] == 0 and b.status is Status.OK
