@@ -193,3 +193,12 @@ def test_a_rollout_serves_its_requests_one_at_a_time_without_hanging(
         assert gateway.trajectory("r-2").counters["splits"] == 1
 
     asyncio.run(main())
+
+
+def test_oversized_body_is_413_before_it_is_parsed(url: str, monkeypatch: Any) -> None:
+    import conveyor.gateway.app as app_module
+
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
+    big = {"messages": [{"role": "user", "content": "x" * 2000}]}
+    response = httpx.post(f"{url}/rollouts/r-big/v1/chat/completions", json=big, timeout=30)
+    assert _error(response, 413)["code"] == "body_too_large"

@@ -24,6 +24,9 @@ from conveyor.types import Task
 
 log = logging.getLogger(__name__)
 
+# A whole conversation fits many times over; a larger body is refused before it is parsed.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
 
 def make_app(gateway: Gateway, base_url: str) -> Starlette:
     """The ASGI app; `base_url` (`http://127.0.0.1:PORT`) is what rollout URLs are built on."""
@@ -118,7 +121,16 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
 
 
 async def _json(request: Request, *, allow_empty: bool = False) -> Any:
+    declared = request.headers.get("content-length", "0")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise GatewayError(
+            413, f"the request body is over {MAX_BODY_BYTES} bytes", code="body_too_large"
+        )
     raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise GatewayError(
+            413, f"the request body is over {MAX_BODY_BYTES} bytes", code="body_too_large"
+        )
     if not raw.strip() and allow_empty:
         return None
     try:
