@@ -202,3 +202,41 @@ def test_oversized_body_is_413_before_it_is_parsed(url: str, monkeypatch: Any) -
     big = {"messages": [{"role": "user", "content": "x" * 2000}]}
     response = httpx.post(f"{url}/rollouts/r-big/v1/chat/completions", json=big, timeout=30)
     assert _error(response, 413)["code"] == "body_too_large"
+
+
+class _DeadRuntime:
+    """fake_runtime_failure: a sandbox that died (cannot be killed on cue for real here)."""
+
+    async def list_dir(self, path: str) -> list[str]:
+        from conveyor.runtime.base import RuntimeFailure
+
+        raise RuntimeFailure("fake_runtime_failure: sandbox gone")
+
+    async def close(self) -> None:
+        return None
+
+
+def test_fake_runtime_failure_in_a_tool_is_502_and_an_infra_error(
+    tokenizer: Any, make_gw: Any
+) -> None:
+    from conveyor.gateway.errors import GatewayError
+    from conveyor.tasks.family import get_family
+
+    async def main() -> None:
+        gateway = make_gw(_engine(tokenizer))
+        task = get_family("filenav").make_tasks(1, 0, "eval")[0]
+        await gateway.create("r-rt", task=task, runtime=_DeadRuntime())
+        with pytest.raises(GatewayError) as caught:
+            await gateway.call_tool("r-rt", "list_dir", {"path": "/workspace"})
+        assert (
+            caught.value.status == 502 and caught.value.body()["error"]["code"] == "runtime_error"
+        )
+        trajectory = gateway.trajectory("r-rt")
+        assert trajectory.status is Status.INFRA_ERROR and "fake_runtime_failure" in (
+            trajectory.error or ""
+        )
+        with pytest.raises(GatewayError) as again:
+            await gateway.chat("r-rt", {"messages": MESSAGES})
+        assert again.value.status == 409
+
+    asyncio.run(main())

@@ -26,7 +26,7 @@ from typing import Any
 from conveyor.agent.loop import final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import EngineError, SamplingClient
-from conveyor.gateway.recording import RolloutState
+from conveyor.gateway.recording import RolloutRecord, RolloutState
 from conveyor.gateway.server import GatewayServer
 from conveyor.gateway.service import Gateway, RendererFactory, renderer_factory
 from conveyor.runtime.base import Runtime, RuntimeFailure
@@ -142,34 +142,42 @@ class ExternalAgentStages:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
+        try:
+            return await self._wait(process, record)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            self.gateway.rollouts.pop(rollout_id, None)
+
+    async def _wait(self, process: asyncio.subprocess.Process, record: RolloutRecord) -> Trajectory:
+        """Wait for the program within the rollout budget; the trajectory, owned as it ended."""
         timed_out = False
+        output = b""
         try:
             output, _ = await asyncio.wait_for(
                 process.communicate(), timeout=self.agent.rollout_timeout_s
             )
         except TimeoutError:
             timed_out = True
-            output = b""
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-        tail = output.decode(errors="replace")[-_TAIL_CHARS:]
-        if record.closed_as is not None and record.closed_as[0] is Status.INFRA_ERROR:
-            failure = record.error or "the gateway recorded an infra error"
-            if "runtime" in failure:
-                raise RuntimeFailure(failure)
-            raise EngineError(failure)
+            process.kill()
+            await process.wait()
+        failure = record.infra_failure
+        if failure is not None:
+            message = record.error or str(failure)
+            if isinstance(failure, RuntimeFailure):
+                raise RuntimeFailure(message) from failure
+            raise EngineError(message) from failure
         if record.state is not RolloutState.FINISHED:
-            if timed_out:
+            if record.closed_as is None and timed_out:
                 record.closed_as = (Status.TIMEOUT, EndReason.ROLLOUT_TIMEOUT)
-            elif process.returncode != 0 and not record.finished_by_agent():
-                record.closed_as = (Status.POLICY_ERROR, EndReason.UNSET)
-                record.error = f"the agent program exited with {process.returncode}: {tail}"
-            await self.gateway.finish(rollout_id, {})
-        trajectory = self.gateway.trajectory(rollout_id)
-        del self.gateway.rollouts[rollout_id]
-        return trajectory
+            elif record.closed_as is None and process.returncode != 0:
+                if not record.finished_by_agent():
+                    tail = output.decode(errors="replace")[-_TAIL_CHARS:]
+                    record.closed_as = (Status.POLICY_ERROR, EndReason.UNSET)
+                    record.error = f"the agent program exited with {process.returncode}: {tail}"
+            await self.gateway.finish(record.rollout_id, {})
+        return self.gateway.trajectory(record.rollout_id)
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
         """The family's score of the submitted answer (every status but infra_error)."""

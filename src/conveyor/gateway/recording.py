@@ -61,6 +61,8 @@ class RolloutRecord:
     state: RolloutState = RolloutState.OPEN
     closed_as: tuple[Status, EndReason] | None = None
     error: str | None = None
+    # The engine or runtime exception that made this rollout an infra_error, if one did.
+    infra_failure: BaseException | None = None
     reward: float | None = None
     answer: str | None = None
     trajectory: Trajectory | None = None

@@ -257,6 +257,7 @@ class Gateway:
         except Exception as exc:  # every engine failure is infra: the policy did not cause it
             down = isinstance(exc, EngineDown)
             record.error = f"engine failed: {type(exc).__name__}: {exc}"
+            record.infra_failure = exc
             reason = EndReason.ENGINE_DOWN if down else EndReason.UNSET
             await self._close(record, Status.INFRA_ERROR, reason)
             await self._finalize(record)
@@ -352,6 +353,7 @@ class Gateway:
                 )
             except (RuntimeFailure, EngineError) as exc:
                 record.error = f"runtime failed: {type(exc).__name__}: {exc}"
+                record.infra_failure = exc
                 await self._close(record, Status.INFRA_ERROR, EndReason.UNSET)
                 await self._finalize(record)
                 raise GatewayError(
@@ -415,6 +417,7 @@ class Gateway:
                         )
                     except RuntimeFailure as exc:
                         record.error = f"scoring failed: {exc}"
+                        record.infra_failure = exc
                         record.closed_as = (Status.INFRA_ERROR, EndReason.UNSET)
             return await self._finalize(record)
 
