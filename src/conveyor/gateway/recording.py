@@ -1,0 +1,144 @@
+"""One rollout as the gateway records it: its ledger, turns, tool context and lifecycle.
+
+Lifecycle (`RolloutState`): `open` takes chat and tool requests; `closed` means a budget ended
+it (the status is decided, only `finish` is left); `finished` holds the final `Trajectory`
+(written to the run folder) and refuses everything but reading it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from conveyor.agent.chat import TokenLedger
+from conveyor.agent.tools import ToolContext
+from conveyor.runtime.base import Runtime
+from conveyor.types import EndReason, Message, Status, Task, Trajectory, Turn
+
+
+class RolloutState(StrEnum):
+    """Where a gateway rollout is in its life."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    FINISHED = "finished"
+
+
+@dataclass
+class LastTurn:
+    """What the outcome of a rollout depends on in its last turn."""
+
+    stopped: bool
+    calls: int
+    parse_errors: int
+    length_reason: EndReason
+
+
+@dataclass
+class RolloutRecord:
+    """Everything the gateway keeps for one rollout id."""
+
+    rollout_id: str
+    task: Task | None = None
+    sample_index: int = 0
+    runtime: Runtime | None = None
+    owns_runtime: bool = False
+    score_on_finish: bool = True
+    ctx: ToolContext | None = None
+    ledger: TokenLedger | None = None
+    tools_key: str = ""
+    # The conversation of the current sample in normal form (`chat_request.normal_message`).
+    history: list[tuple[Any, ...]] = field(default_factory=list)
+    # Assistant messages as returned (normal form) -> the raw sampled text they stand for.
+    raw_assistant: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    call_names: dict[str, str] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    last: LastTurn | None = None
+    state: RolloutState = RolloutState.OPEN
+    closed_as: tuple[Status, EndReason] | None = None
+    error: str | None = None
+    # The engine or runtime exception that made this rollout an infra_error, if one did.
+    infra_failure: BaseException | None = None
+    reward: float | None = None
+    answer: str | None = None
+    trajectory: Trajectory | None = None
+    started: float = field(default_factory=time.monotonic)
+    engine_s: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def session(self) -> str:
+        """The engine session (and seed) key: the same as the native loop's for a task."""
+        if self.task is not None:
+            return f"{self.task.id}/{self.sample_index}"
+        return self.rollout_id
+
+    def bump(self, key: str, by: int = 1) -> None:
+        """Add to an integer counter."""
+        self.counters[key] = self.counters.get(key, 0) + by
+
+    def submitted_answer(self) -> str | None:
+        """The answer from `finish` (the tool or the finish request), if any."""
+        if self.answer is not None:
+            return self.answer
+        if self.ctx is not None and self.ctx.state.get("answer") is not None:
+            return str(self.ctx.state["answer"])
+        return None
+
+    def finished_by_agent(self) -> bool:
+        """Whether the agent submitted its result (the `finish` tool, an answer or a reward)."""
+        tool_finished = self.ctx is not None and bool(self.ctx.state.get("finished"))
+        return tool_finished or self.answer is not None or self.reward is not None
+
+    def outcome(self, max_turns: int) -> tuple[Status, EndReason]:
+        """Who owns the result, decided as the native loop decides it."""
+        if self.closed_as is not None:
+            return self.closed_as
+        if self.finished_by_agent():
+            return Status.OK, EndReason.FINISH
+        last = self.last
+        if last is None:
+            return Status.POLICY_ERROR, EndReason.NO_TOOL_CALL
+        if not last.stopped:
+            return Status.TRUNCATED, last.length_reason
+        if last.calls == 0:
+            reason = EndReason.INVALID_TOOL_CALL if last.parse_errors else EndReason.NO_TOOL_CALL
+            return Status.POLICY_ERROR, reason
+        if len(self.turns) >= max_turns:
+            return Status.TRUNCATED, EndReason.MAX_TURNS
+        # The agent stopped with its tool calls answered and no answer given.
+        return Status.POLICY_ERROR, EndReason.UNSET
+
+    def build(self, max_turns: int) -> Trajectory:
+        """The trajectory recorded so far (final once the rollout is finished)."""
+        if self.trajectory is not None:
+            return self.trajectory
+        status, stop_reason = self.outcome(max_turns)
+        messages: list[Message] = list(self.ledger.messages) if self.ledger else []
+        answer = self.submitted_answer()
+        if answer is not None:
+            messages.append({"role": "answer", "content": answer, "_meta": True})
+        counters = dict(self.counters)
+        counters["splits"] = self.ledger.splits if self.ledger else 0
+        counters["turns"] = len(self.turns)
+        run_s = time.monotonic() - self.started
+        return Trajectory(
+            task_id=self.task.id if self.task is not None else self.rollout_id,
+            sample_index=self.sample_index,
+            turns=list(self.turns),
+            messages=messages,
+            reward=self.reward,
+            status=status,
+            stop_reason=stop_reason,
+            error=self.error,
+            timings={"run_s": run_s, "engine_s": self.engine_s, "policy_s": run_s - self.engine_s},
+            counters=counters,
+            metrics={
+                "prompt_tokens": float(len(self.turns[0].prompt_ids)) if self.turns else 0.0,
+                "completion_tokens": float(sum(len(t.completion_ids) for t in self.turns)),
+            },
+        )

@@ -1,0 +1,500 @@
+"""The gateway without HTTP: rollouts, chat turns recorded token-exact, tools, finish.
+
+A chat request is rendered with our `ChatRenderer` (the request's tools, the model's template,
+`model.tool_format` / `model.tool_prompt`) and advanced on the rollout's `TokenLedger`, reusing
+the sampled ids or counting a split (`conversation`). Assistant messages are recorded with the
+RAW sampled text, exactly as the native loop records them, so a gateway trajectory trains like
+a native one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.parsing import parse_tool_calls
+from conveyor.agent.tools import ToolContext
+from conveyor.config import AgentConfig, ConveyorConfig, ModelConfig, SamplingConfig
+from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
+from conveyor.gateway.chat_request import (
+    ChatRequest,
+    normal_message,
+    parse_chat_request,
+)
+from conveyor.gateway.conversation import advance, internal_messages
+from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_found
+from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
+from conveyor.runtime.base import Runtime, RuntimeFailure
+from conveyor.tasks.family import TaskFamily, get_family
+from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory, Turn
+
+_ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+RendererFactory = Callable[[list[dict[str, Any]]], ChatRenderer]
+
+
+class Gateway:
+    """Rollouts recorded over one `SamplingClient`."""
+
+    def __init__(
+        self,
+        client: SamplingClient,
+        make_renderer: RendererFactory,
+        agent: AgentConfig,
+        sampling: SamplingConfig,
+        *,
+        families: Mapping[str, TaskFamily] | None = None,
+        tasks: Mapping[str, Task] | None = None,
+        run_dir: Path | None = None,
+        model_name: str = "conveyor",
+    ) -> None:
+        """`tasks`: the tasks `POST /rollouts {"task_id"}` may name; `run_dir`: where finished
+        trajectories are appended (`trajectories.jsonl`), None to keep them in memory only."""
+        self.client = client
+        self.make_renderer = make_renderer
+        self.agent = agent
+        self.sampling = sampling
+        self.families: dict[str, TaskFamily] = dict(families or {})
+        self.tasks: dict[str, Task] = dict(tasks or {})
+        self.run_dir = run_dir
+        self.model_name = model_name
+        self.rollouts: dict[str, RolloutRecord] = {}
+        self._renderers: dict[str, ChatRenderer] = {}
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ConveyorConfig,
+        client: SamplingClient,
+        tokenizer: Any,
+        *,
+        families: Mapping[str, TaskFamily] | None = None,
+        tasks: Mapping[str, Task] | None = None,
+        run_dir: Path | None = None,
+    ) -> Gateway:
+        """A gateway rendering as `AgentStages.from_config` does (template, tool format and
+        prompt, budgets and sampling of the run config)."""
+        name = config.engine.served_model_name or Path(config.model.path or "conveyor").name
+        return cls(
+            client,
+            renderer_factory(config.model, tokenizer),
+            config.agent,
+            config.sampling,
+            families=families,
+            tasks=tasks,
+            run_dir=run_dir,
+            model_name=name,
+        )
+
+    @property
+    def trajectories_path(self) -> Path | None:
+        """`RUN/trajectories.jsonl`, where finished rollouts are appended."""
+        return self.run_dir / "trajectories.jsonl" if self.run_dir is not None else None
+
+    def family(self, name: str) -> TaskFamily:
+        """The family of a task, built once on first use."""
+        if name not in self.families:
+            self.families[name] = get_family(name)
+        return self.families[name]
+
+    # -- rollouts ------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        rollout_id: str | None = None,
+        *,
+        task: Task | None = None,
+        task_id: str | None = None,
+        sample_index: int = 0,
+        runtime: Runtime | None = None,
+        score_on_finish: bool = True,
+    ) -> RolloutRecord:
+        """A new rollout; with a task it gets a `ToolContext` and a runtime (the one given, else
+        a fresh one from the family, which the gateway closes when the rollout finishes)."""
+        rollout_id = rollout_id if rollout_id is not None else uuid.uuid4().hex
+        check_rollout_id(rollout_id)
+        if rollout_id in self.rollouts:
+            raise conflict(f"rollout {rollout_id!r} already exists", code="rollout_exists")
+        if task is None and task_id is not None:
+            task = self.tasks.get(task_id)
+            if task is None:
+                raise not_found(f"unknown task {task_id!r}", code="unknown_task")
+        record = RolloutRecord(
+            rollout_id, task=task, sample_index=sample_index, score_on_finish=score_on_finish
+        )
+        self.rollouts[rollout_id] = record
+        if task is not None:
+            owns = runtime is None
+            if runtime is None:
+                try:
+                    runtime = await self.family(task.family).make_runtime(task)
+                except RuntimeFailure as exc:
+                    del self.rollouts[rollout_id]
+                    raise GatewayError(
+                        503,
+                        f"the runtime failed to start: {exc}",
+                        type="server_error",
+                        code="runtime_error",
+                    ) from exc
+            record.runtime, record.owns_runtime = runtime, owns
+            record.ctx = ToolContext(task=task, runtime=runtime)
+        return record
+
+    def get(self, rollout_id: str) -> RolloutRecord:
+        """The rollout, or a 404."""
+        record = self.rollouts.get(rollout_id)
+        if record is None:
+            raise not_found(f"unknown rollout {rollout_id!r}", code="unknown_rollout")
+        return record
+
+    def trajectory(self, rollout_id: str) -> Trajectory:
+        """The rollout's trajectory: final once finished, else what is recorded so far."""
+        return self.get(rollout_id).build(self.agent.max_turns)
+
+    def task_info(self, rollout_id: str) -> dict[str, Any]:
+        """What the native agent would send: the task's messages, tool schemas and budgets."""
+        record = self.get(rollout_id)
+        if record.task is None:
+            raise bad_request(f"rollout {rollout_id!r} has no task", code="no_task")
+        return {
+            "task_id": record.task.id,
+            "sample_index": record.sample_index,
+            "messages": record.task.prompt,
+            "tools": self.family(record.task.family).tools().schemas(),
+            "max_turns": self.agent.max_turns,
+            "max_tokens": self.agent.max_completion_tokens,
+        }
+
+    # -- chat ----------------------------------------------------------------------------------
+
+    async def chat(self, rollout_id: str, body: Any) -> dict[str, Any]:
+        """One chat completion in a rollout (created on its first request)."""
+        request = parse_chat_request(body)
+        record = self.rollouts.get(rollout_id) or await self.create(rollout_id)
+        async with record.lock:
+            _require_open(record)
+            if len(record.turns) >= self.agent.max_turns:
+                await self._close(record, Status.TRUNCATED, EndReason.MAX_TURNS)
+                raise bad_request(
+                    f"the rollout used all {self.agent.max_turns} turns (agent.max_turns); "
+                    "it ended truncated",
+                    code="max_turns",
+                )
+            renderer = self._renderer(request.tools)
+            internal, normal = internal_messages(record, request.messages, renderer)
+            prompt = advance(record, request, renderer, internal, normal)
+            await self._check_budget(record, prompt)
+            return await self._sample(record, request, renderer, prompt, normal)
+
+    def _renderer(self, tools: list[dict[str, Any]]) -> ChatRenderer:
+        key = json.dumps(tools)
+        if key not in self._renderers:
+            self._renderers[key] = self.make_renderer(tools)
+        return self._renderers[key]
+
+    async def _check_budget(self, record: RolloutRecord, prompt: list[int]) -> None:
+        agent = self.agent
+        if len(prompt) > agent.max_prompt_tokens:
+            reason, limit = (
+                EndReason.MAX_PROMPT_TOKENS,
+                f"agent.max_prompt_tokens={agent.max_prompt_tokens}",
+            )
+        elif len(prompt) >= agent.max_context_tokens:
+            reason, limit = (
+                EndReason.MAX_CONTEXT_TOKENS,
+                f"agent.max_context_tokens={agent.max_context_tokens}",
+            )
+        else:
+            return
+        await self._close(record, Status.TRUNCATED, reason)
+        raise bad_request(
+            f"the prompt has {len(prompt)} tokens, over {limit}; the rollout ended truncated",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+    async def _sample(
+        self,
+        record: RolloutRecord,
+        request: ChatRequest,
+        renderer: ChatRenderer,
+        prompt: list[int],
+        normal: list[tuple[Any, ...]],
+    ) -> dict[str, Any]:
+        agent, ledger = self.agent, record.ledger
+        assert ledger is not None
+        turn_index = len(record.turns)
+        room = agent.max_context_tokens - len(prompt)
+        cap = min(agent.max_completion_tokens, request.max_tokens or agent.max_completion_tokens)
+        temperature = request.temperature
+        top_p = request.top_p
+        seed = (
+            request.seed
+            if request.seed is not None
+            else request_seed(self.sampling.sampling_seed, record.session, turn_index)
+        )
+        sample = SampleRequest(
+            prompt_ids=prompt,
+            max_tokens=min(cap, room),
+            temperature=self.sampling.temperature if temperature is None else temperature,
+            top_p=self.sampling.top_p if top_p is None else top_p,
+            seed=seed,
+            session_id=record.session,
+        )
+        asked = time.monotonic()
+        try:
+            result = await self.client.sample(sample)
+        except Exception as exc:  # every engine failure is infra: the policy did not cause it
+            down = isinstance(exc, EngineDown)
+            record.error = f"engine failed: {type(exc).__name__}: {exc}"
+            record.infra_failure = exc
+            reason = EndReason.ENGINE_DOWN if down else EndReason.UNSET
+            await self._close(record, Status.INFRA_ERROR, reason)
+            await self._finalize(record)
+            raise GatewayError(
+                503 if down else 502,
+                f"the engine failed ({type(exc).__name__}: {exc}); the rollout is an infra_error",
+                type="server_error",
+                code="engine_down" if down else "engine_error",
+            ) from (exc if isinstance(exc, EngineError) else None)
+        finally:
+            record.engine_s += time.monotonic() - asked
+        stopped = result.finish_reason == StopReason.STOP
+        record.turns.append(
+            Turn(
+                prompt_ids=list(prompt),
+                completion_ids=result.token_ids,
+                completion_logprobs=result.logprobs,
+                loss_mask=[1] * len(result.token_ids),
+                policy_version=result.policy_version,
+                stop_reason=result.finish_reason,
+                sample_index=ledger.sample_index,
+            )
+        )
+        assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
+        schemas = {
+            s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools
+        }
+        parsed = parse_tool_calls(assistant["content"], renderer.tool_format, schemas)
+        assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
+        if parsed.errors:
+            record.bump("parse_errors", len(parsed.errors))
+        record.last = LastTurn(
+            stopped=stopped,
+            calls=len(parsed.calls),
+            parse_errors=len(parsed.errors),
+            length_reason=EndReason.MAX_CONTEXT_TOKENS
+            if room < agent.max_completion_tokens
+            else EndReason.MAX_COMPLETION_TOKENS,
+        )
+        tool_calls: list[dict[str, Any]] = [
+            {
+                "id": f"call_{turn_index}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for i, c in enumerate(parsed.calls)
+        ]
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content if parsed.content or not tool_calls else None,
+        }
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        returned = normal_message(message)
+        record.history = [*normal, returned]
+        record.raw_assistant[returned] = assistant["content"]
+        record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
+        finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
+        return {
+            "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(result.token_ids),
+                "total_tokens": len(prompt) + len(result.token_ids),
+            },
+        }
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def call_tool(self, rollout_id: str, name: str, arguments: Any) -> dict[str, Any]:
+        """Run one of the task family's tools in the rollout's runtime (as the native loop does)."""
+        record = self.get(rollout_id)
+        if record.task is None or record.ctx is None:
+            raise bad_request(f"rollout {rollout_id!r} has no task, so no tools", code="no_task")
+        if not isinstance(arguments, dict):
+            raise bad_request("the body must be a JSON object of the tool's arguments")
+        async with record.lock:
+            _require_open(record)
+            tools = self.family(record.task.family).tools()
+            record.bump("tool_calls")
+            try:
+                outcome = await tools.execute(
+                    ToolCall(name=name, arguments=arguments),
+                    record.ctx,
+                    timeout_s=self.agent.tool_timeout_s,
+                    max_output_chars=self.agent.tool_output_max_chars,
+                )
+            except (RuntimeFailure, EngineError) as exc:
+                record.error = f"runtime failed: {type(exc).__name__}: {exc}"
+                record.infra_failure = exc
+                await self._close(record, Status.INFRA_ERROR, EndReason.UNSET)
+                await self._finalize(record)
+                raise GatewayError(
+                    502,
+                    f"the runtime failed ({exc}); the rollout is an infra_error",
+                    type="server_error",
+                    code="runtime_error",
+                ) from exc
+            if outcome.is_error:
+                record.bump("tool_errors")
+                record.bump(f"tool_{outcome.kind}")
+            return {
+                "output": outcome.output,
+                "is_error": outcome.is_error,
+                "finished": bool(record.ctx.state.get("finished")),
+            }
+
+    # -- finish --------------------------------------------------------------------------------
+
+    async def finish(self, rollout_id: str, body: Any) -> Trajectory:
+        """End a rollout with `{"reward": float}`, `{"answer": str}` or `{}` (the answer the
+        `finish` tool submitted); an answer is scored by the task's family."""
+        record = self.get(rollout_id)
+        if body is None:
+            body = {}
+        if not isinstance(body, dict) or set(body) - {"reward", "answer"}:
+            raise bad_request('the body must be {"reward": float} or {"answer": ...} or {}')
+        if "reward" in body and "answer" in body:
+            raise bad_request('give "reward" or "answer", not both')
+        async with record.lock:
+            if record.state is RolloutState.FINISHED:
+                raise conflict(f"rollout {rollout_id!r} is already finished")
+            if "reward" in body:
+                reward = body["reward"]
+                if (
+                    not isinstance(reward, int | float)
+                    or isinstance(reward, bool)
+                    or not math.isfinite(reward)
+                ):
+                    raise bad_request(
+                        f"reward must be a finite number, got {reward!r}", param="reward"
+                    )
+                record.reward = float(reward)
+            else:
+                if record.task is None:
+                    raise bad_request(
+                        f"rollout {rollout_id!r} has no task to score an answer: "
+                        'finish it with {"reward": float}',
+                        param="reward",
+                        code="reward_needed",
+                    )
+                if "answer" in body:
+                    record.answer = str(body["answer"])
+                if record.score_on_finish:
+                    family = self.family(record.task.family)
+                    try:
+                        record.reward = await family.score(
+                            record.task,
+                            record.submitted_answer(),
+                            record.runtime,  # type: ignore[arg-type]
+                        )
+                    except RuntimeFailure as exc:
+                        record.error = f"scoring failed: {exc}"
+                        record.infra_failure = exc
+                        record.closed_as = (Status.INFRA_ERROR, EndReason.UNSET)
+            return await self._finalize(record)
+
+    async def _close(self, record: RolloutRecord, status: Status, reason: EndReason) -> None:
+        record.state = RolloutState.CLOSED
+        record.closed_as = (status, reason)
+
+    async def _finalize(self, record: RolloutRecord) -> Trajectory:
+        trajectory = record.build(self.agent.max_turns)
+        record.trajectory, record.state = trajectory, RolloutState.FINISHED
+        if record.owns_runtime and record.runtime is not None:
+            await record.runtime.close()
+        path = self.trajectories_path
+        if path is not None:
+            line = trajectory.to_json() + "\n"
+            await asyncio.to_thread(_append, path, line)
+        return trajectory
+
+    async def shutdown(self) -> None:
+        """Record every unfinished rollout as an infra_error (the gateway stopped under it)."""
+        for record in list(self.rollouts.values()):
+            if record.state is not RolloutState.FINISHED:
+                record.error = record.error or "the gateway stopped before the rollout finished"
+                if record.closed_as is None or record.closed_as[0] is not Status.INFRA_ERROR:
+                    record.closed_as = (Status.INFRA_ERROR, EndReason.UNSET)
+                await self._finalize(record)
+
+
+def renderer_factory(model: ModelConfig, tokenizer: Any) -> RendererFactory:
+    """Renderers for tool sets with the model section's template, tool format and tool prompt
+    (the ones the native loop uses, so both render the same ids)."""
+    template = Path(model.chat_template).read_text() if model.chat_template else None
+
+    def make(schemas: list[dict[str, Any]]) -> ChatRenderer:
+        return ChatRenderer(
+            tokenizer,
+            schemas,
+            chat_template=template,
+            tool_format=model.tool_format,
+            tool_prompt=model.tool_prompt,
+        )
+
+    return make
+
+
+def check_rollout_id(rollout_id: str) -> None:
+    """A rollout id is a URL path segment: letters, digits and `._:-`, at most 128."""
+    if not _ROLLOUT_ID.match(rollout_id):
+        raise not_found(
+            f"rollout id {rollout_id!r} is not valid: use 1-128 of A-Z a-z 0-9 . _ : -",
+            code="invalid_rollout_id",
+        )
+
+
+def request_seed(base: int | None, session: str, turn_index: int) -> int | None:
+    """The native loop's per-request seed (run seed, rollout, turn), so seeded sampling through
+    the gateway repeats the native loop's draws."""
+    if base is None:
+        return None
+    digest = hashlib.blake2b(f"{base}/{session}/{turn_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+def _require_open(record: RolloutRecord) -> None:
+    if record.state is RolloutState.FINISHED:
+        raise conflict(f"rollout {record.rollout_id!r} is finished")
+    if record.state is RolloutState.CLOSED:
+        assert record.closed_as is not None
+        status, reason = record.closed_as
+        raise conflict(
+            f"rollout {record.rollout_id!r} ended ({status.value}: {reason.value}); "
+            "only finish is accepted",
+            code="rollout_closed",
+        )
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
