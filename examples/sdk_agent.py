@@ -4,9 +4,9 @@ Run it in a rollout's environment (`ExternalAgentStages` sets these):
     OPENAI_BASE_URL       the rollout's chat base URL   http://127.0.0.1:PORT/rollouts/ID/v1
     OPENAI_API_KEY        anything
     CONVEYOR_ROLLOUT_URL  the rollout itself            http://127.0.0.1:PORT/rollouts/ID
-    SDK_AGENT_TEMPERATURE optional, default 0 (greedy)
+    SDK_AGENT_TEMPERATURE optional; unset, the gateway samples with the run's sampling settings
 
-It reads the task (messages, tool schemas, budgets), asks for completions greedily, runs each
+It reads the task (messages, tool schemas, budgets), asks for completions, runs each
 tool call through the gateway's tool endpoint (the rollout's own runtime), and stops when
 `finish` was called, the model made no tool call, or a reply was cut off by its length; then it
 ends the rollout with POST .../finish (the gateway scores the submitted answer).
@@ -42,8 +42,10 @@ def main() -> int:
     rollout = os.environ["CONVEYOR_ROLLOUT_URL"]
     task = get(f"{rollout}/task")
     client = openai.OpenAI(max_retries=0, timeout=600)  # OPENAI_BASE_URL / OPENAI_API_KEY
-    # greedy unless told otherwise (seeded sampling: the gateway supplies the per-turn seed)
-    temperature = float(os.environ.get("SDK_AGENT_TEMPERATURE", "0"))
+    # Unset: the gateway samples as the run says (greedy evaluation, temperature-1 training;
+    # with a sampling seed it supplies the same per-turn seed our own loop would use).
+    chosen = os.environ.get("SDK_AGENT_TEMPERATURE")
+    sampling: dict[str, Any] = {"temperature": float(chosen)} if chosen else {}
     messages: list[dict[str, Any]] = list(task["messages"])
     finished = False
     for _ in range(task["max_turns"]):
@@ -53,7 +55,7 @@ def main() -> int:
                 messages=messages,  # type: ignore[arg-type]
                 tools=task["tools"],
                 max_tokens=task["max_tokens"],
-                temperature=temperature,
+                **sampling,
             )
         except openai.BadRequestError as exc:  # a budget ran out: the rollout has ended
             print(f"stopped: {exc}", file=sys.stderr)

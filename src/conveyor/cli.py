@@ -9,9 +9,11 @@ from typing import Annotated
 
 import typer
 
+from conveyor.app.compose import Composition
 from conveyor.bench import search_cli, trainer_cli
 from conveyor.bench.cli import bench_app
 from conveyor.bridges.cli import bridge_app
+from conveyor.gateway.cli import register as register_gateway
 from conveyor.swe.cli import tasks_app
 
 app = typer.Typer(
@@ -31,6 +33,7 @@ app.add_typer(tasks_app, name="tasks")
 dev_app = typer.Typer(help="Developer tools that read conveyor's own source.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
 app.add_typer(bridge_app, name="bridge")
+register_gateway(app, compose=Composition)
 
 SetOption = Annotated[
     list[str] | None,

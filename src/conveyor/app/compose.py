@@ -7,6 +7,7 @@ family is wired once: each is looked up by name in `conveyor.registry`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from conveyor.dispatch.base import Dispatcher, EngineProbe
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
-    from conveyor.rollout import AgentStages
     from conveyor.tasks.family import TaskFamily
     from conveyor.trainer.backend import BackendSpec, TrainingBackend
 
@@ -38,6 +38,7 @@ class Composition:
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: SamplingClient | None = None
         self._families: dict[str, TaskFamily] | None = None
+        self._closers: list[Callable[[], Awaitable[None]]] = []
         from conveyor.runtime.cpu_pools import configure_cpu_pools
 
         # CPU-stage work (workspace copies, grading, index builds) gets threads sized by the
@@ -93,11 +94,24 @@ class Composition:
 
     def stages(
         self, sampling: SamplingConfig | None = None, engine: SamplingClient | None = None
-    ) -> AgentStages:
-        """The agent's init/run/reward stages on `engine` (default: the run's engine)."""
+    ) -> RolloutStages:
+        """The agent's init/run/reward stages on `engine` (default: the run's engine).
+
+        With `agent.external_command` the agent is that program, run per rollout against an
+        in-process recording gateway (`conveyor.gateway.external`); `close()` stops it.
+        """
         from conveyor.rollout import AgentStages
 
         client = engine if engine is not None else self.engine
+        command = self.config.agent.external_command
+        if command:
+            from conveyor.gateway.external import ExternalAgentStages
+
+            external = ExternalAgentStages.from_config(
+                self.config, command, client, self.tokenizer, sampling, families=self.families
+            )
+            self._closers.append(external.close)
+            return external
         return AgentStages.from_config(
             self.config, client, self.tokenizer, sampling, families=self.families
         )
@@ -146,7 +160,10 @@ class Composition:
         return self.backend_spec.build(self.config, model_dir, settings or self.config.trainer)
 
     async def close(self) -> None:
-        """Stop the engine, if one was started."""
+        """Stop what the stages started (gateways), then the engine, if one was started."""
+        for close in self._closers:
+            await close()
+        self._closers.clear()
         if self._engine is not None:
             await self._engine.close()
 

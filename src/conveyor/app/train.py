@@ -23,7 +23,7 @@ from typing import Any
 from conveyor.app.compose import Composition, make_run_dir
 from conveyor.app.reports import eval_report
 from conveyor.config import ConfigError, ResolvedConfig, SamplingConfig, config_to_yaml
-from conveyor.rollout import AgentStages
+from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.loop import StepRecord
 from conveyor.types import Status, Task, Trajectory
 
@@ -32,7 +32,7 @@ Say = Callable[[str], None]
 
 async def evaluate(
     parts: Composition,
-    stages: AgentStages,
+    stages: RolloutStages,
     tasks: Sequence[Task],
     trajectories_file: Path | None = None,
 ) -> dict[str, Any]:

@@ -69,16 +69,18 @@ class ExternalAgentStages:
         command: Sequence[str],
         client: SamplingClient,
         tokenizer: Any,
+        sampling: SamplingConfig | None = None,
         *,
         families: Mapping[str, TaskFamily] | None = None,
     ) -> ExternalAgentStages:
-        """Stages rendering as `AgentStages.from_config` does, for the program `command`."""
+        """Stages rendering as `AgentStages.from_config` does, for the program `command`;
+        requests that name no sampling settings get `sampling` (default: the config's)."""
         return cls(
             command,
             client,
             renderer_factory(config.model, tokenizer),
             config.agent,
-            config.sampling,
+            sampling or config.sampling,
             families=families,
         )
 
