@@ -4,6 +4,7 @@ version, what it supports here and how it syncs; a wrong name is refused with th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,43 @@ def test_trainer_backend_tinker_alone_moves_the_sampler_but_an_explicit_engine_k
     assert parts.config.engine.kind == "vllm"  # kept, and then refused by the spec at start:
     refusal = parts.backend_spec.refusal(parts.config, SimulatedEngine(eos_token_id=0))
     assert refusal is not None and "engine.kind tinker" in refusal
+
+
+def test_a_warm_start_with_a_service_backend_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"),
+            *("--set", "trainer.backend=tinker", "--set", f"run.dir={tmp_path / 'run'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2
+    assert "rl.sft_steps=8 with trainer.backend 'tinker'" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("backend", ["verl", "skyrl", "tinker"])
+def test_training_on_a_backend_unusable_here_is_refused_at_start_with_its_reason(
+    backend: str, tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"),
+            *("--set", f"trainer.backend={backend}", "--set", "rl.sft_steps=0"),
+            *("--set", f"run.dir={tmp_path / 'run'}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+        env={k: v for k, v in os.environ.items() if k != "TINKER_API_KEY"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"trainer.backend {backend!r} cannot train here" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()

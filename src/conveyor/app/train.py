@@ -149,11 +149,24 @@ async def run_training(
             f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
+    if train.sft_steps and config.trainer.backend != "builtin":
+        # The warm start hands RL an exported model folder; a service keeps its weights.
+        raise ConfigError(
+            f"rl.sft_steps={train.sft_steps} with trainer.backend {config.trainer.backend!r}: "
+            "the warm start exports a model folder, which only the builtin backend does; set "
+            "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
+            "at its sft_model/"
+        )
     started = time.monotonic()
     parts = Composition(config)
     training = bool(train.steps or train.sft_steps)
     try:
         spec = parts.backend_spec
+        if training and not (info := spec.info()).train:
+            raise ConfigError(
+                f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
+                "(`conveyor backends` lists what can)"
+            )
         client = parts.engine
         refusal = spec.refusal(config, client) if training else None
         if refusal is not None:
@@ -249,7 +262,10 @@ async def run_training(
             _write(run_dir / "eval_after.json", report)
             say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
         if train.export_final:
-            export_model(backend.export_weights(), start_dir, run_dir / "final_model")
+            try:
+                export_model(backend.export_weights(), start_dir, run_dir / "final_model")
+            except NotImplementedError as exc:  # weights that live in a service (Tinker)
+                say(f"no final_model/ folder: {exc}; the last checkpoint names them")
     finally:
         await parts.close()
     plot_metrics(run_dir)
