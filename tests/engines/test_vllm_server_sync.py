@@ -88,7 +88,7 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
             for step in (1, 2):
                 backend.step(await _batch(server, prompts[step % len(prompts)]))
                 version = backend.policy_version
-                await sync(backend.export_weights(), version)  # raises unless the probe matches
+                await sync(step)  # raises unless the probe matches
                 await local.update_weights(backend.export_weights(), version)
                 served = await _greedy(server, prompts)
                 expected = await _greedy(local, prompts)
