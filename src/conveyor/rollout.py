@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.chat import ChatRenderer, renderer_factory
 from conveyor.agent.hints import HintPolicy
 from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
@@ -61,21 +60,9 @@ class AgentStages:
     ) -> AgentStages:
         """Stages for a run config: its template, tool format, budgets and sampling, with the
         run's families (or ones built with the config's `runtime` settings)."""
-        model = config.model
-        template = Path(model.chat_template).read_text() if model.chat_template else None
-
-        def make_renderer(schemas: list[dict[str, Any]]) -> ChatRenderer:
-            return ChatRenderer(
-                tokenizer,
-                schemas,
-                chat_template=template,
-                tool_format=model.tool_format,
-                tool_prompt=model.tool_prompt,
-            )
-
         return cls(
             client,
-            make_renderer,
+            renderer_factory(config.model, tokenizer),
             config.agent,
             sampling or config.sampling,
             rollout_timeout_s=config.agent.rollout_timeout_s,

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from conveyor.agent.chat import renderer_factory
 from conveyor.config import AgentConfig, ConveyorConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.gateway.server import GatewayServer
-from conveyor.gateway.service import Gateway, renderer_factory
+from conveyor.gateway.service import Gateway
 from conveyor.tasks.family import build_families
 from conveyor.types import Task
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from conveyor.agent.chat import renderer_factory
 from conveyor.config import AgentConfig, ConveyorConfig, HintsConfig, SamplingConfig
 from conveyor.gateway.external import ExternalAgentStages
-from conveyor.gateway.service import renderer_factory
 from conveyor.rollout import AgentStages
 from conveyor.tasks.family import build_families
 from conveyor.types import Task, Trajectory

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from conveyor.agent.chat import renderer_factory
 from conveyor.config import AgentConfig, ConveyorConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import EngineError, SampleRequest, SampleResult
 from conveyor.engines.simulated import SimulatedEngine
 from conveyor.gateway.external import ExternalAgentStages
-from conveyor.gateway.service import renderer_factory
 from conveyor.tasks.family import build_families
 from conveyor.types import EndReason, Status, Trajectory
 

@@ -16,10 +16,15 @@ rendering: a split, counted.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from conveyor.types import Message, TokenIds
+
+if TYPE_CHECKING:
+    from conveyor.config import ModelConfig
 
 ToolFormat = Literal["hermes", "xml"]
 
@@ -159,6 +164,28 @@ class ChatRenderer:
         if stopped_on_eos and self.eos_text and completion_text.endswith(self.eos_text):
             return completion_text[: -len(self.eos_text)]
         return completion_text
+
+
+# Tool schemas -> the renderer for a conversation with those tools.
+RendererFactory = Callable[[list[dict[str, Any]]], "ChatRenderer"]
+
+
+def renderer_factory(model: ModelConfig, tokenizer: Tokenizer) -> RendererFactory:
+    """Renderers for tool sets with the `model` section's template, tool format and tool
+    prompt: what the native loop and the recording gateway both render with, so the two give
+    the same ids."""
+    template = Path(model.chat_template).read_text() if model.chat_template else None
+
+    def make(schemas: list[dict[str, Any]]) -> ChatRenderer:
+        return ChatRenderer(
+            tokenizer,
+            schemas,
+            chat_template=template,
+            tool_format=model.tool_format,
+            tool_prompt=model.tool_prompt,
+        )
+
+    return make
 
 
 def _strip_private(message: Message) -> Message:

@@ -90,7 +90,7 @@ class AgentLoop:
             max_tokens=min(self.agent.max_completion_tokens, room),
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            seed=_request_seed(self.sampling.sampling_seed, session, turn_index),
+            seed=request_seed(self.sampling.sampling_seed, session, turn_index),
             session_id=session,
         )
 
@@ -191,17 +191,7 @@ class AgentLoop:
                 result = await self.client.sample(self._request(prompt, session, turn_index, room))
                 state.engine_s += time.monotonic() - asked
             stopped = result.finish_reason == StopReason.STOP
-            state.turns.append(
-                Turn(
-                    prompt_ids=list(prompt),
-                    completion_ids=result.token_ids,
-                    completion_logprobs=result.logprobs,
-                    loss_mask=[1] * len(result.token_ids),
-                    policy_version=result.policy_version,
-                    stop_reason=result.finish_reason,
-                    sample_index=ledger.sample_index,
-                )
-            )
+            state.turns.append(sampled_turn(prompt, result, ledger.sample_index))
             assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
             if not stopped:
                 which = (
@@ -262,9 +252,24 @@ class AgentLoop:
         state.status, state.stop_reason = Status.TRUNCATED, EndReason.MAX_TURNS
 
 
-def _request_seed(base: int | None, session: str, turn_index: int) -> int | None:
+def sampled_turn(prompt: list[int], result: SampleResult, sample_index: int) -> Turn:
+    """The record of one generation: the exact prompt the engine saw and what it returned,
+    every sampled token trained on (loss mask 1), in training sample `sample_index`."""
+    return Turn(
+        prompt_ids=list(prompt),
+        completion_ids=result.token_ids,
+        completion_logprobs=result.logprobs,
+        loss_mask=[1] * len(result.token_ids),
+        policy_version=result.policy_version,
+        stop_reason=result.finish_reason,
+        sample_index=sample_index,
+    )
+
+
+def request_seed(base: int | None, session: str, turn_index: int) -> int | None:
     """A per-request seed from the run seed, the rollout and the turn: reproducible samples that
-    are independent across tasks, samples and turns (None keeps the engine's own randomness)."""
+    are independent across tasks, samples and turns (None keeps the engine's own randomness).
+    The recording gateway uses it too, so seeded sampling there repeats the native loop's."""
     if base is None:
         return None
     digest = hashlib.blake2b(f"{base}/{session}/{turn_index}".encode(), digest_size=4).digest()

@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from conveyor.agent.chat import RendererFactory, renderer_factory
 from conveyor.agent.loop import final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import EngineError, SamplingClient
 from conveyor.gateway.recording import RolloutRecord, RolloutState
 from conveyor.gateway.server import GatewayServer
-from conveyor.gateway.service import Gateway, RendererFactory, renderer_factory
+from conveyor.gateway.service import Gateway
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.tasks.family import TaskFamily, get_family
 from conveyor.types import EndReason, Status, Task, Trajectory

@@ -10,20 +10,20 @@ a native one.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer
+from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
+from conveyor.agent.loop import request_seed, sampled_turn
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
-from conveyor.config import AgentConfig, ConveyorConfig, ModelConfig, SamplingConfig
+from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
 from conveyor.gateway.chat_request import (
     ChatRequest,
@@ -35,10 +35,9 @@ from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_fou
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.tasks.family import TaskFamily, get_family
-from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory, Turn
+from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-RendererFactory = Callable[[list[dict[str, Any]]], ChatRenderer]
 
 
 class Gateway:
@@ -270,17 +269,7 @@ class Gateway:
         finally:
             record.engine_s += time.monotonic() - asked
         stopped = result.finish_reason == StopReason.STOP
-        record.turns.append(
-            Turn(
-                prompt_ids=list(prompt),
-                completion_ids=result.token_ids,
-                completion_logprobs=result.logprobs,
-                loss_mask=[1] * len(result.token_ids),
-                policy_version=result.policy_version,
-                stop_reason=result.finish_reason,
-                sample_index=ledger.sample_index,
-            )
-        )
+        record.turns.append(sampled_turn(prompt, result, ledger.sample_index))
         assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
         schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools
@@ -446,23 +435,6 @@ class Gateway:
                 await self._finalize(record)
 
 
-def renderer_factory(model: ModelConfig, tokenizer: Any) -> RendererFactory:
-    """Renderers for tool sets with the model section's template, tool format and tool prompt
-    (the ones the native loop uses, so both render the same ids)."""
-    template = Path(model.chat_template).read_text() if model.chat_template else None
-
-    def make(schemas: list[dict[str, Any]]) -> ChatRenderer:
-        return ChatRenderer(
-            tokenizer,
-            schemas,
-            chat_template=template,
-            tool_format=model.tool_format,
-            tool_prompt=model.tool_prompt,
-        )
-
-    return make
-
-
 def check_rollout_id(rollout_id: str) -> None:
     """A rollout id is a URL path segment: letters, digits and `._:-`, at most 128."""
     if not _ROLLOUT_ID.match(rollout_id):
@@ -470,15 +442,6 @@ def check_rollout_id(rollout_id: str) -> None:
             f"rollout id {rollout_id!r} is not valid: use 1-128 of A-Z a-z 0-9 . _ : -",
             code="invalid_rollout_id",
         )
-
-
-def request_seed(base: int | None, session: str, turn_index: int) -> int | None:
-    """The native loop's per-request seed (run seed, rollout, turn), so seeded sampling through
-    the gateway repeats the native loop's draws."""
-    if base is None:
-        return None
-    digest = hashlib.blake2b(f"{base}/{session}/{turn_index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def _require_open(record: RolloutRecord) -> None:
