@@ -204,6 +204,14 @@ def test_fake_server_5xx_burst_is_retried_and_counted_then_an_engine_error() -> 
     client, result = _sample_from(server, max_retries=3)
     assert result.token_ids == [5, 6] and len(server.posts) == 4
     assert client.retries == 3 and client.retry_counts == {"503": 1, "502": 1, "429": 1}
+    # what eval and train write into summary.json (`engine_requests`)
+    assert client.request_counters() == {
+        "retries": 3,
+        "resends": 0,
+        "retries_429": 1,
+        "retries_502": 1,
+        "retries_503": 1,
+    }
 
     endless = _ScriptedFakeServer(_BUSY)
     client = OpenAICompatibleClient(endless.url, "m", max_retries=2, retry_backoff_s=0.01)

@@ -54,9 +54,10 @@ def engine(model_dir: Path) -> Any:
     asyncio.run(vllm.close())
 
 
-@pytest.mark.parametrize(
-    ("temperature", "per_family"), [(0.0, 5), (0.7, 3)], ids=["greedy", "seeded"]
-)
+# Greedy identity over several turns, with a vLLM server as a third sampler, is
+# tests/bridges/test_backends_agree.py; here the seeded case: the gateway derives the same
+# per-turn seed as the native loop.
+@pytest.mark.parametrize(("temperature", "per_family"), [(0.7, 3)], ids=["seeded"])
 def test_native_loop_and_sdk_agent_through_the_gateway_are_identical(
     engine: Any, tokenizer: Any, temperature: float, per_family: int
 ) -> None:

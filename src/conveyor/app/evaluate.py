@@ -15,6 +15,7 @@ from pathlib import Path
 from conveyor.app.compose import Composition, make_run_dir
 from conveyor.app.reports import summarize
 from conveyor.config import ResolvedConfig, config_to_yaml
+from conveyor.engines.base import RequestCounters
 from conveyor.types import Trajectory
 
 
@@ -67,6 +68,9 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     summary["engine_start_s"] = engine_ready
     summary["model"] = str(model_dir)
     summary["engine"] = config.engine.kind
+    if isinstance(client, RequestCounters):
+        # retried requests cost time but not correctness: said here, never silent
+        summary["engine_requests"] = client.request_counters()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir
 

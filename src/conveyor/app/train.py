@@ -130,7 +130,7 @@ async def run_training(
     resolved: ResolvedConfig, *, resume: Path | None = None, say: Say = print
 ) -> Path:
     """The whole training job; returns the run folder."""
-    from conveyor.engines.base import TrainableCheck, WeightFolder
+    from conveyor.engines.base import RequestCounters, TrainableCheck, WeightFolder
     from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
     from conveyor.trainer.faults import armed
     from conveyor.trainer.loop import RLLoop
@@ -270,7 +270,10 @@ async def run_training(
         await parts.close()
     plot_metrics(run_dir)
     timings["wall_s"] = time.monotonic() - started
-    _write(run_dir / "summary.json", {"timings": timings, "steps": len(records)})
+    summary: dict[str, Any] = {"timings": timings, "steps": len(records)}
+    if isinstance(client, RequestCounters):
+        summary["engine_requests"] = client.request_counters()
+    _write(run_dir / "summary.json", summary)
     return run_dir
 
 

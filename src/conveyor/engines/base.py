@@ -137,6 +137,15 @@ class ServedModelCheck(Protocol):
 
 
 @runtime_checkable
+class RequestCounters(Protocol):
+    """An engine client that counts what it had to do again (an HTTP client's retries)."""
+
+    def request_counters(self) -> dict[str, int]:
+        """Counts since the client was made, by name (`retries`, `retries_503`, ...)."""
+        ...
+
+
+@runtime_checkable
 class TrainableCheck(Protocol):
     """An engine behind a server that can say, at start, whether training can reach it."""
 

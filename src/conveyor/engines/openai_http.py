@@ -228,6 +228,13 @@ class OpenAICompatibleClient:
                 str(response.status_code), tries, response.headers.get("Retry-After")
             )
 
+    def request_counters(self) -> dict[str, int]:
+        """`retries` (any cause), `retries_<cause>` (a status code, or the connection error's
+        class) and `resends` (sent again after a lost connection was found alive)."""
+        counts = {"retries": self.retries, "resends": self.resends}
+        counts.update({f"retries_{cause}": n for cause, n in sorted(self.retry_counts.items())})
+        return counts
+
     async def _retry(self, cause: str, tries: int, retry_after: str | None) -> int:
         """Count one retry of `cause` and wait before it; the tries made so far."""
         self.retries += 1
