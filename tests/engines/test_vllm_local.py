@@ -186,3 +186,18 @@ def test_commands_to_a_dead_engine_fail_instead_of_hanging(model_dir: Path) -> N
         await engine.close()
 
     asyncio.run(go())
+
+
+def test_close_tears_vllm_down_at_once_not_whenever_the_collector_runs(model_dir: Path) -> None:
+    # vLLM's teardown destroys the process-wide parallel groups. Left to the garbage
+    # collector (the engine is a reference cycle through its thread), an old engine's teardown
+    # can run while a newer engine starts in the same process and break it: a CI run failed
+    # so ("pipeline model parallel group is not initialized"). After `close` nothing of the
+    # engine may be left for the collector to tear down.
+    from conveyor.engines.vllm_local import VLLMEngine
+
+    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
+    client = engine._engine.engine_core  # vLLM's in-process client, torn down by a finalizer
+    assert client._finalizer.alive
+    asyncio.run(engine.close())
+    assert not client._finalizer.alive

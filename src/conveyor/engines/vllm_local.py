@@ -376,6 +376,13 @@ class VLLMEngine:
         await asyncio.to_thread(self._thread.join, 10)
         for request_id in list(self._waiters):
             self._fail(request_id, EngineError("vLLM engine closed"))
+        if not self._thread.is_alive():
+            # Tear vLLM down now. Left to the garbage collector, its teardown destroys the
+            # process-wide parallel groups whenever the old engine happens to be collected,
+            # under a newer engine of the same process ("pipeline model parallel group is not
+            # initialized", seen in CI). The client's shutdown runs once: a later collection
+            # finds nothing to do.
+            await asyncio.to_thread(self._engine.engine_core.shutdown)
 
 
 def _scheduler_of(engine: LLMEngine) -> Scheduler | None:
