@@ -172,7 +172,7 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     """`config`, with `engine.kind` set to the sampler its training backend brings (a
     `BackendSpec`'s `engine_kind`, e.g. Tinker's) when the config does not set `engine.kind`
     itself: changing `trainer.backend` is then the one change that moves a config."""
-    if config.trainer.backend == "builtin" or "kind" in config.engine.model_fields_set:
+    if "kind" in config.engine.model_fields_set:
         return config
     from conveyor.registry import BACKENDS
 
