@@ -94,6 +94,7 @@ def test_end_reasons_keep_the_strings_run_folders_hold() -> None:
     # the viewer and old run folders read these strings: renaming a member must not change them
     assert {r.value for r in EndReason} == {
         "finish",
+        "user_done",
         "max_turns",
         "max_prompt_tokens",
         "max_context_tokens",

@@ -232,6 +232,57 @@ def backends_command(
             typer.echo(f"{'':8} why: {info.reason}")
 
 
+@tasks_app.command("families")
+def tasks_families(
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help='Last line: a JSON list of {"name", "splits", "source", '
+        '"version"}.'),
+    ] = False,
+) -> None:
+    """List the registered task families (`tasks.families`): splits, data source and version."""
+    from conveyor.app.families import families_table
+
+    try:
+        rows = families_table()
+    except (ImportError, ValueError) as exc:
+        _fail(f"a task family could not be loaded: {exc}")
+    for row in rows:
+        typer.echo(
+            f"{row['name']:11} {','.join(row['splits']):16} {row['version']:12} {row['source']}"
+        )
+    if as_json:
+        typer.echo(json.dumps(rows))
+
+
+@tasks_app.command("check")
+def tasks_check(
+    family: Annotated[str, typer.Argument(help="A registered task family.")],
+    config: Annotated[
+        Path | None, typer.Option(help="A YAML config (tasks.options, runtime); default: none.")
+    ] = None,
+    n: Annotated[int, typer.Option(help="Instances to check.")] = 10,
+    split: Annotated[str, typer.Option(help="Split to draw them from.")] = "eval",
+    set_: SetOption = None,
+) -> None:
+    """Run the family's oracle and an empty policy through the real loop, tools and grader:
+    exit 0 when the oracle scores 1.0 and the empty policy 0.0 on every instance, else 1.
+    The last line is the JSON report."""
+    from conveyor.app.families import run_check
+    from conveyor.registry import FAMILIES
+
+    if family not in FAMILIES:
+        _fail(FAMILIES.unknown_message(family))
+    start = [] if config is not None else [f"tasks.families=[{family}]"]
+    resolved = _load(config, [*start, *(set_ or [])]).config
+    try:
+        report = run_check(resolved, family, n, split)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(report))
+    raise typer.Exit(code=0 if report["ok"] else 1)
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Argument(help="A YAML config file (rl.sft_* settings).")],

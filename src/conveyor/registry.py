@@ -169,6 +169,14 @@ FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
         "arithmetic": "conveyor.tasks.arithmetic",
         "filenav": "conveyor.tasks.filenav",
         "swe": "conveyor.swe.family",
+        "search": "conveyor.tasks.search",
+        "memory": "conveyor.tasks.memory",
+        "math": "conveyor.tasks.math",
+        "code": "conveyor.tasks.code",
+        "rg": "conveyor.tasks.rg",
+        "bfcl": "conveyor.tasks.bfcl",
+        "tau2": "conveyor.tasks.tau2",
+        "terminal": "conveyor.tasks.terminal",
     },
 )
 BACKENDS: Registry[BackendSpec] = Registry(

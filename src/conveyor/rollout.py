@@ -9,6 +9,7 @@ settings (or handed in by the composition root), never one per stage call.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,7 +20,13 @@ from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
-from conveyor.tasks.family import TaskFamily, get_family
+from conveyor.tasks.family import (
+    Conversational,
+    Grading,
+    PerTaskTools,
+    TaskFamily,
+    get_family,
+)
 from conveyor.types import Status, Task, Trajectory
 
 
@@ -82,11 +89,17 @@ class AgentStages:
         return self.family(task.family)
 
     def loop_for(self, task: Task) -> AgentLoop:
-        """One loop (renderer + tools) per family, built on first use."""
-        loop = self._loops.get(task.family)
+        """One loop (renderer + tools) per family, built on first use; a family whose tools
+        depend on the instance (`PerTaskTools`) gets one per distinct tool set."""
+        family = self._family(task)
+        if isinstance(family, PerTaskTools):
+            tools = family.tools_for(task)
+            key = f"{task.family}/{json.dumps(tools.schemas(), sort_keys=True)}"
+        else:
+            tools, key = None, task.family
+        loop = self._loops.get(key)
         if loop is None:
-            family = self._family(task)
-            tools = family.tools()
+            tools = tools if tools is not None else family.tools()
             loop = AgentLoop(
                 self._make_renderer(tools.schemas()),
                 self.client,
@@ -96,8 +109,9 @@ class AgentStages:
                 rollout_timeout_s=self.rollout_timeout_s,
                 # A family may bring its own hints (the SWE recipe adds view-without-search).
                 hint_policy=getattr(family, "hint_policy", HintPolicy),
+                user_turn=family.user_turn if isinstance(family, Conversational) else None,
             )
-            self._loops[task.family] = loop
+            self._loops[key] = loop
         return loop
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
@@ -122,6 +136,19 @@ class AgentStages:
         start = time.monotonic()
         if trajectory.status is Status.INFRA_ERROR:
             return trajectory
-        score = await self._family(task).score(task, final_answer(trajectory), runtime)
-        timings = {**trajectory.timings, "score_s": time.monotonic() - start}
-        return trajectory.model_copy(update={"reward": score, "timings": timings})
+        family = self._family(task)
+        update: dict[str, Any] = {}
+        if isinstance(family, Grading):
+            grade = await family.grade(task, trajectory, runtime)
+            update["reward"] = grade.reward
+            update["metrics"] = {
+                **trajectory.metrics,
+                **{f"reward/{name}": float(v) for name, v in grade.breakdown.items()},
+            }
+            if grade.records:
+                records = [{**record, "_meta": True} for record in grade.records]
+                update["messages"] = [*trajectory.messages, *records]
+        else:
+            update["reward"] = await family.score(task, final_answer(trajectory), runtime)
+        update["timings"] = {**trajectory.timings, "score_s": time.monotonic() - start}
+        return trajectory.model_copy(update=update)

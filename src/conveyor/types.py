@@ -74,6 +74,7 @@ class EndReason(StrEnum):
 
     # Status ok
     FINISH = "finish"  # the agent called `finish`
+    USER_DONE = "user_done"  # a conversational family's user ended the conversation
     # Status truncated: a budget of the agent config ran out
     MAX_TURNS = "max_turns"  # every turn of `agent.max_turns` was used without finishing
     MAX_PROMPT_TOKENS = "max_prompt_tokens"  # the next prompt is longer than its budget

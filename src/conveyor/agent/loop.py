@@ -10,6 +10,15 @@ Ownership of outcomes (see `conveyor.types.Status`):
   engine is the engine client's request timeout (infra). The loop keeps the turns sampled so far;
 - `EngineError` / `RuntimeFailure` propagate to the dispatcher, which owns infrastructure failures.
 Whatever happens, the turns sampled so far stay token-exact and are returned.
+
+Two hooks serve families beyond single-question tasks:
+- a conversational family (BFCL, tau2) passes `user_turn`: when the agent replies with text and no
+  tool call, the family's user answers (the next question, a simulated customer's reply) and the
+  loop goes on; when the user has nothing more to say the rollout ends `ok` (`user_done`);
+- a tool may call `ToolContext.reset_context(messages)` (a memory agent's `update_memory`): after
+  that turn the history is dropped and a fresh conversation starts from `messages`, as a new
+  training sample. Resets are counted in `counters["resets"]`, apart from template `splits`, and
+  `messages` keeps every context, each new one after a `context_reset` marker.
 """
 
 from __future__ import annotations
@@ -17,14 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.agent.chat import ChatRenderer, TokenLedger
 from conveyor.agent.hints import HintPolicy, TurnObservation
 from conveyor.agent.parsing import parse_tool_calls
-from conveyor.agent.tools import ToolContext, ToolRegistry
+from conveyor.agent.tools import RESET_KEY, ToolContext, ToolRegistry
 from conveyor.config import AgentConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import SampleRequest, SampleResult, SamplingClient
 from conveyor.runtime.base import Runtime
@@ -40,8 +49,19 @@ class FirstTurn:
     engine_s: float
 
 
+# The user of a conversational family: (task, runtime, the agent's text reply) -> the user's next
+# message, or None when the conversation is over.
+UserTurn = Callable[[Task, Runtime | None, str], Awaitable[str | None]]
+
+# `Message.role` of the marker between two contexts of a rollout that reset its history.
+CONTEXT_RESET_ROLE = "context_reset"
+
+
 @dataclass
 class _State:
+    ledger: TokenLedger
+    history: list[Message] = field(default_factory=list)  # messages of earlier contexts
+    splits: int = 0  # template splits of earlier contexts
     turns: list[Turn] = field(default_factory=list)
     status: Status = Status.TRUNCATED
     stop_reason: EndReason = EndReason.MAX_TURNS
@@ -70,8 +90,10 @@ class AgentLoop:
         *,
         rollout_timeout_s: float,
         hint_policy: Callable[[HintsConfig], HintPolicy] = HintPolicy,
+        user_turn: UserTurn | None = None,
     ) -> None:
         self.renderer = renderer
+        self.user_turn = user_turn
         self.client = client
         self.tools = tools
         self.agent = agent
@@ -126,18 +148,18 @@ class AgentLoop:
         """One rollout. Infra failures raise; every policy outcome is a status in the result.
         With `head` (from `first_turn`, same task and sample) its generation is the first turn."""
         start = time.monotonic()
-        state = _State()
-        ledger = TokenLedger(self.renderer)
+        state = _State(ledger=TokenLedger(self.renderer))
         hints = self.hint_policy(self.agent.hints)
         ctx = ToolContext(task=task, runtime=runtime)
-        await self._turns(task, sample_index, ledger, hints, ctx, state, head)
-        state.counters["splits"] = ledger.splits
+        await self._turns(task, sample_index, hints, ctx, state, head)
+        ledger = state.ledger
+        state.counters["splits"] = state.splits + ledger.splits
         state.counters["hints"] = sum(hints.counts.values())
         for trigger, count in hints.counts.items():
             state.counters[f"hint_{trigger}"] = count
         state.counters["turns"] = len(state.turns)
         answer = ctx.state.get("answer")
-        messages = list(ledger.messages)
+        messages = [*state.history, *ledger.messages]
         if answer is not None:
             messages.append({"role": "answer", "content": str(answer), "_meta": True})
         return Trajectory(
@@ -164,13 +186,13 @@ class AgentLoop:
         self,
         task: Task,
         sample_index: int,
-        ledger: TokenLedger,
         hints: HintPolicy,
         ctx: ToolContext,
         state: _State,
         head: FirstTurn | None = None,
     ) -> None:
         cfg = self.agent
+        ledger = state.ledger
         prompt = ledger.start(task.prompt)
         previous_action: str | None = None
         session = f"{task.id}/{sample_index}"
@@ -227,6 +249,21 @@ class AgentLoop:
             if ctx.state.get("finished"):
                 state.status, state.stop_reason = Status.OK, EndReason.FINISH
                 return
+            if not parsed.calls and not parsed.errors and self.user_turn is not None:
+                said = await self.user_turn(task, ctx.runtime, assistant["content"])
+                if said is None:
+                    state.status, state.stop_reason = Status.OK, EndReason.USER_DONE
+                    return
+                state.bump("user_turns")
+                previous_action = None
+                prompt = ledger.next_prompt([{"role": "user", "content": said}])
+                continue
+            fresh = ctx.state.pop(RESET_KEY, None)
+            if fresh is not None:
+                ledger = self._reset(state, replies, fresh)
+                prompt = ledger.start(fresh)
+                previous_action = None
+                continue
             if not parsed.calls and not cfg.hints.enabled:
                 # Without hints nobody will tell the model to use a tool: the text is its answer.
                 state.status = Status.POLICY_ERROR
@@ -250,6 +287,23 @@ class AgentLoop:
             replies = _attach_hints(replies, fired)
             prompt = ledger.next_prompt(replies)
         state.status, state.stop_reason = Status.TRUNCATED, EndReason.MAX_TURNS
+
+    def _reset(self, state: _State, replies: list[Message], fresh: list[Message]) -> TokenLedger:
+        """Close the current context (its messages and this turn's tool replies kept in the
+        history) and open a new ledger whose turns form the next training sample."""
+        old = state.ledger
+        state.history.extend([*old.messages, *replies])
+        state.splits += old.splits
+        state.bump("resets")
+        state.history.append(
+            {
+                "role": CONTEXT_RESET_ROLE,
+                "content": f"context reset {state.counters['resets']}: the history is dropped",
+                "_meta": True,
+            }
+        )
+        state.ledger = TokenLedger(self.renderer, sample_index=old.sample_index + 1)
+        return state.ledger
 
 
 def sampled_turn(prompt: list[int], result: SampleResult, sample_index: int) -> Turn:

@@ -25,7 +25,7 @@ import pydantic
 
 from conveyor.engines.base import EngineError
 from conveyor.runtime.base import Runtime, RuntimeFailure
-from conveyor.types import Task, ToolCall
+from conveyor.types import Message, Task, ToolCall
 
 ToolFunction = Callable[..., Awaitable[Any]]
 OutcomeKind = Literal["ok", "unknown_tool", "invalid_arguments", "raised", "timeout"]
@@ -48,6 +48,16 @@ class ToolContext:
     task: Task
     runtime: Runtime | None = None
     state: dict[str, Any] = field(default_factory=dict)
+
+    def reset_context(self, messages: list[Message]) -> None:
+        """Ask the loop to start a fresh conversation from `messages` after this turn's tool
+        calls: the history is dropped, and the next turns form a new training sample (counted
+        as a `reset`, not a template `split`). A memory agent's `update_memory` uses it."""
+        self.state[RESET_KEY] = list(messages)
+
+
+# `ToolContext.state` key of a pending context reset (the loop pops it).
+RESET_KEY = "reset_context"
 
 
 @dataclass(frozen=True)

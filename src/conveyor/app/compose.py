@@ -18,10 +18,12 @@ from conveyor.types import Task
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from conveyor.agent.chat_client import ChatClient
+    from conveyor.config.sections import SideModelConfig
     from conveyor.dispatch.base import Dispatcher, EngineProbe
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
-    from conveyor.tasks.family import TaskFamily
+    from conveyor.tasks.family import FamilyServices, TaskFamily
     from conveyor.trainer.backend import BackendSpec, TrainingBackend
 
 
@@ -38,6 +40,7 @@ class Composition:
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: SamplingClient | None = None
         self._families: dict[str, TaskFamily] | None = None
+        self._chat: dict[str, ChatClient] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
         from conveyor.runtime.cpu_pools import configure_cpu_pools
 
@@ -52,8 +55,63 @@ class Composition:
         if self._families is None:
             from conveyor.tasks.family import build_families
 
-            self._families = build_families(self.config.tasks.families, self.config.runtime)
+            self._families = build_families(
+                self.config.tasks.families, self.config.runtime, self.family_services
+            )
         return self._families
+
+    def family_services(self, name: str) -> FamilyServices:
+        """Family `name`'s `tasks.options` entry and the clients of the models that play a
+        part in its tasks (built only when the family first asks)."""
+        from conveyor.tasks.family import FamilyServices
+
+        tasks = self.config.tasks
+        judge = tasks.judge_engine
+        return FamilyServices(
+            options=tasks.options.get(name, {}),
+            user=lambda: self.chat_client("user", tasks.user_engine),
+            judge=(lambda: self.chat_client("judge", judge)) if judge is not None else None,
+        )
+
+    def chat_client(self, role: str, side: SideModelConfig) -> ChatClient:
+        """The chat client of a side model (`tasks.user_engine`, `tasks.judge_engine`), one per
+        role: the run's own engine, or an engine of `side.engine` kind serving `side.model`
+        (stopped by `close()`)."""
+        client = self._chat.get(role)
+        if client is not None:
+            return client
+        from conveyor.agent.chat_client import RenderedChatClient
+        from conveyor.config.sections import RUN_ENGINE
+
+        if side.engine == RUN_ENGINE:
+            engine, tokenizer = self.engine, self.tokenizer
+        else:
+            from conveyor.engines.factory import build_engine, load_tokenizer
+            from conveyor.models import resolve_model_path
+
+            model_dir = resolve_model_path(side.model)
+            engine_settings = self.config.engine.model_copy(
+                update={
+                    "kind": side.engine,
+                    "base_url": side.base_url,
+                    "served_model_name": side.served_model_name,
+                }
+            )
+            model = self.config.model.model_copy(update={"path": side.model})
+            config = self.config.model_copy(update={"engine": engine_settings, "model": model})
+            engine = build_engine(config, model_dir)
+            tokenizer = load_tokenizer(model_dir)
+            self._closers.append(engine.close)
+        client = RenderedChatClient(
+            engine,
+            tokenizer,
+            temperature=side.temperature,
+            max_tokens=side.max_tokens,
+            seed=side.seed,
+            name=role,
+        )
+        self._chat[role] = client
+        return client
 
     @property
     def model_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """Config sections of the model, engine, sampling, agent loop, tasks, dispatch and run folder."""
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -190,6 +190,44 @@ class AgentConfig(Section):
         return self
 
 
+RUN_ENGINE = "run"
+
+
+class SideModelConfig(Section):
+    """A model that plays a part in a task rather than being trained: tau2's simulated user,
+    the search family's judge. Its replies are user or grading text, never trained on."""
+
+    engine: str = Field(
+        default="hf",
+        description="'run' (the run's own engine and model: no second model in memory, and in "
+        "training it follows the policy's weights) or an engine kind serving `model` ('hf', "
+        "'vllm', 'openai', ...). A run can hold one in-process vLLM, so 'vllm' here needs the "
+        "run's engine to be another kind.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="Local model folder; null is the embedded SmolLM2-135M-Instruct.",
+    )
+    base_url: str | None = Field(
+        default=None, description="engine 'openai': the server's URL, e.g. http://host:8000/v1."
+    )
+    served_model_name: str | None = Field(
+        default=None, description="engine 'openai': the model name the server serves."
+    )
+    temperature: float = Field(default=0.0, ge=0, description="Sampling temperature.")
+    max_tokens: int = Field(default=256, gt=0, description="Longest reply, in tokens.")
+    seed: int | None = Field(default=0, description="Seed of the first reply (then +1 each).")
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        from conveyor.registry import ENGINES
+
+        if engine != RUN_ENGINE:
+            ENGINES.check(engine)
+        return engine
+
+
 class TasksConfig(Section):
     """Which task instances are generated, and how often each is sampled."""
 
@@ -209,6 +247,30 @@ class TasksConfig(Section):
     split: Literal["train", "eval"] = Field(
         default="eval", description="Which split of each family to generate."
     )
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per-family options by family name, e.g. {rg: {datasets: [chain_sum]}}; each "
+        "family checks its own keys at start (see docs/domains.md).",
+    )
+    user_engine: SideModelConfig = Field(
+        default_factory=SideModelConfig,
+        description="The simulated user of conversational families (tau2): the embedded model "
+        "through HF transformers by default.",
+    )
+    judge_engine: SideModelConfig | None = Field(
+        default=None,
+        description="An optional judge model for families that can use one (search); null "
+        "grades by exact match alone.",
+    )
+
+    @model_validator(mode="after")
+    def _options_name_families(self) -> Self:
+        stray = sorted(set(self.options) - set(self.families))
+        if stray:
+            raise ValueError(
+                f"tasks.options names families not in tasks.families: {', '.join(stray)}"
+            )
+        return self
 
     @field_validator("families")
     @classmethod

@@ -7,6 +7,19 @@ runtime, a scorer and an oracle. Config files name families; `@register_family` 
 
 Splits never overlap: which split an instance belongs to is a function of its content (a hash of
 its canonical key), not of the seed, so no seed can put an evaluation instance into training.
+A family built from a fixed dataset (HumanEval, BFCL, tau2) assigns splits the same way, by a
+hash of the instance's own id, and says so in its `splits` attribute.
+
+Optional parts a family may have, each found by `isinstance` against its protocol here:
+- `Conversational.user_turn`: a user answers each text reply of the agent (BFCL's next question,
+  tau2's simulated customer); the loop's `user_turn` hook;
+- `PerTaskTools.tools_for`: the tools differ between instances (BFCL's classes);
+- `Grading.grade`: a `Grade` with a breakdown and records (a judge's prompt and verdict) instead
+  of a bare `score`, reading the whole trajectory;
+- class attributes `source` (where the instances come from) and `version` (of that source, so a
+  result can name its data), listed by `conveyor tasks families`;
+- a constructor taking `services` (`FamilyServices`): its `tasks.options` entry and clients for
+  the models that play a part (a simulated user, a judge).
 """
 
 from __future__ import annotations
@@ -14,14 +27,18 @@ from __future__ import annotations
 import hashlib
 import inspect
 import random
-from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from pydantic import BaseModel, ValidationError
+
+from conveyor.agent.chat_client import ChatClient
 from conveyor.agent.tools import ToolRegistry
 from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
-from conveyor.types import Task, ToolCall
+from conveyor.types import Message, Task, ToolCall, Trajectory
 
 T = TypeVar("T")
 F = TypeVar("F", bound="TaskFamily")
@@ -64,20 +81,122 @@ class TaskFamily(Protocol):
         ...
 
 
+# An oracle step that is a plain text reply, not a tool call (a conversational family's oracle
+# ends each user turn with one): `ToolCall(name=SAY, arguments={"text": ...})`.
+SAY = "_say"
+
+
+def say(text: str) -> ToolCall:
+    """The oracle step "reply `text` without calling a tool"."""
+    return ToolCall(name=SAY, arguments={"text": text})
+
+
+@runtime_checkable
+class Conversational(Protocol):
+    """A family whose user answers the agent's text replies (see `conveyor.agent.loop`)."""
+
+    async def user_turn(self, task: Task, runtime: Runtime | None, reply: str) -> str | None:
+        """The user's next message after the agent's text reply `reply`; None ends the
+        conversation (the rollout is then `ok`, and graded)."""
+        ...
+
+
+@runtime_checkable
+class PerTaskTools(Protocol):
+    """A family whose tool set depends on the instance."""
+
+    def tools_for(self, task: Task) -> ToolRegistry:
+        """A fresh registry of the tools of `task`."""
+        ...
+
+
+@dataclass(frozen=True)
+class Grade:
+    """A graded rollout: the reward, its named parts (into `Trajectory.metrics` as
+    ``reward/<name>``) and records to keep with the trajectory (e.g. a judge's prompt and
+    verdict, as `_meta` messages)."""
+
+    reward: float
+    breakdown: Mapping[str, float] = field(default_factory=dict)
+    records: list[Message] = field(default_factory=list)
+
+
+@runtime_checkable
+class Grading(Protocol):
+    """A family that grades the whole trajectory (used instead of `score`)."""
+
+    async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
+        """The `Grade` of one rollout; the graded process can never write what this reads."""
+        ...
+
+
+@dataclass(frozen=True)
+class FamilyServices:
+    """What a run hands a family built with a `services` parameter: its `tasks.options` entry,
+    and the chat clients of `tasks.user_engine` and `tasks.judge_engine` (each built on first
+    call; `judge` is None when no judge is configured)."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    user: Callable[[], ChatClient] | None = None
+    judge: Callable[[], ChatClient] | None = None
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def family_options(name: str, model: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
+    """`options` (the `tasks.options.<name>` mapping) checked against the family's options
+    model; a `ValueError` naming the family and the bad keys (unknown keys are refused when the
+    model forbids extras, as it should)."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(root)'}: {e['msg']}" for e in error.errors()
+        )
+        raise ValueError(f"tasks.options.{name}: {problems}") from None
+
+
+def family_info(name: str) -> dict[str, Any]:
+    """`{"name", "splits", "source", "version"}` of a registered family (the `conveyor tasks
+    families --json` contract), read from the class without building it."""
+    factory = FAMILIES.get(name)
+    return {
+        "name": name,
+        "splits": list(getattr(factory, "splits", SPLIT_SHARES)),
+        "source": str(getattr(factory, "source", "generated")),
+        "version": str(getattr(factory, "version", "1")),
+    }
+
+
 def register_family(cls: type[F]) -> type[F]:
     """Class decorator: make a family nameable in config under its `name` (`FAMILIES`)."""
     return FAMILIES.register()(cls)
 
 
-def get_family(name: str, runtime: RuntimeConfig | None = None) -> TaskFamily:
-    """A new instance of the family registered as `name`, built with the `runtime` settings.
+def get_family(
+    name: str, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
+) -> TaskFamily:
+    """A new instance of the family registered as `name`, built with the `runtime` settings
+    (and `services`, when its constructor takes them).
 
     `UnknownName` naming the known families; `ValueError` when the family cannot use
-    `runtime.kind`. A family whose constructor takes no `runtime` runs only with `auto`.
+    `runtime.kind`, or when options are given to a family that takes none. A family whose
+    constructor takes no `runtime` runs only with `auto`.
     """
     factory = FAMILIES.get(name)
     settings = runtime if runtime is not None else RuntimeConfig()
-    if _takes_runtime(factory):
+    if _takes(factory, "services"):
+        kwargs: dict[str, Any] = {"services": services or FamilyServices()}
+        if _takes(factory, "runtime"):
+            kwargs["runtime"] = settings
+        return factory(**kwargs)
+    if services is not None and services.options:
+        raise ValueError(
+            f"task family {name!r} takes no options, but tasks.options.{name} sets "
+            f"{', '.join(sorted(services.options))}"
+        )
+    if _takes(factory, "runtime"):
         return factory(runtime=settings)
     if settings.kind != AUTO:
         raise ValueError(
@@ -88,18 +207,26 @@ def get_family(name: str, runtime: RuntimeConfig | None = None) -> TaskFamily:
 
 
 def build_families(
-    names: Iterable[str], runtime: RuntimeConfig | None = None
+    names: Iterable[str],
+    runtime: RuntimeConfig | None = None,
+    services: Callable[[str], FamilyServices] | None = None,
 ) -> dict[str, TaskFamily]:
-    """One instance of each named family with the same runtime settings (what a run holds)."""
-    return {name: get_family(name, runtime) for name in dict.fromkeys(names)}
+    """One instance of each named family with the same runtime settings (what a run holds);
+    `services(name)` gives each its options and clients."""
+    return {
+        name: get_family(name, runtime, services(name) if services else None)
+        for name in dict.fromkeys(names)
+    }
 
 
-def _takes_runtime(factory: Callable[..., object]) -> bool:
+def _takes(factory: Callable[..., object], parameter: str) -> bool:
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin without a signature: assume the protocol
+        return parameter == "runtime"
+    if parameter in parameters:
         return True
-    return "runtime" in parameters or any(
+    return parameter == "runtime" and any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
     )
 

@@ -18,6 +18,10 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.engines.base import SampleRequest, SampleResult
 from conveyor.types import Task, ToolCall
 
+# The name of an oracle step that is a plain text reply; equal to `conveyor.tasks.family.SAY`
+# (the trainer may not import the task layer; a test checks they agree).
+ORACLE_SAY = "_say"
+
 
 class OracleEngine:
     """A `SamplingClient` that answers each rollout with its task's oracle tool calls, in order.
@@ -57,7 +61,13 @@ class OracleEngine:
         turn = self._turn.get(request.session_id, 0)
         self._turn[request.session_id] = turn + 1
         call = calls[min(turn, len(calls) - 1)]
-        ids = [*self._encode(format_tool_call(call, self._format)), self._eos]  # type: ignore[arg-type]
+        # A conversational family's oracle answers its user in plain text between tool calls.
+        text = (
+            str(call.arguments.get("text", ""))
+            if call.name == ORACLE_SAY
+            else format_tool_call(call, self._format)  # type: ignore[arg-type]
+        )
+        ids = [*self._encode(text), self._eos]
         ids = ids[: request.max_tokens]
         reason = "stop" if ids and ids[-1] == self._eos else "length"
         return SampleResult(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=reason)
@@ -66,15 +76,20 @@ class OracleEngine:
         """Nothing to release."""
 
 
-async def oracle_rollouts(stages: Any, tasks: Sequence[Task]) -> list[Any]:
-    """Run the agent loop once per task with the oracle as engine; returns scored trajectories."""
+async def oracle_rollouts(
+    stages: Any, tasks: Sequence[Task], *, concurrency: int | None = None
+) -> list[Any]:
+    """Run the agent loop once per task with the oracle as engine; returns scored trajectories
+    in task order. `concurrency` bounds the live runtimes (None: all at once)."""
+    gate = asyncio.Semaphore(concurrency or max(1, len(tasks)))
 
     async def one(task: Task) -> Any:
-        runtime = await stages.init(task, 0, 0)
-        try:
-            trajectory = await stages.run(task, 0, runtime)
-            return await stages.reward(task, trajectory, runtime)
-        finally:
-            await runtime.close()
+        async with gate:
+            runtime = await stages.init(task, 0, 0)
+            try:
+                trajectory = await stages.run(task, 0, runtime)
+                return await stages.reward(task, trajectory, runtime)
+            finally:
+                await runtime.close()
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))

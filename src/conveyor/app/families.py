@@ -1,0 +1,124 @@
+"""`conveyor tasks families` and `conveyor tasks check`: what families exist, and whether a family's
+oracle solves its instances and an empty policy does not.
+
+The check runs the real agent loop, tools, runtime and grader of a family; only the policy is
+scripted (`conveyor.trainer.sft.OracleEngine`, the same engine the warm start uses): the oracle
+policy emits the family's `oracle_calls` (tool calls, and plain replies for a conversational
+family), the empty policy replies with nothing. Hints are off, so a reply without a tool call
+ends a non-conversational rollout as the policy's own result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from conveyor.app.compose import Composition
+from conveyor.config import ConveyorConfig
+from conveyor.types import Task, ToolCall, Trajectory
+
+EMPTY_REPLY = ""
+
+
+def families_table() -> list[dict[str, Any]]:
+    """Every registered family's `{"name", "splits", "source", "version"}`, sorted by name."""
+    from conveyor.registry import FAMILIES
+    from conveyor.tasks.family import family_info
+
+    return [family_info(name) for name in FAMILIES.names()]
+
+
+def check_config(config: ConveyorConfig, family: str) -> ConveyorConfig:
+    """`config` narrowed to `family` (its options kept), hints off."""
+    tasks = config.tasks.model_copy(
+        update={
+            "families": [family],
+            "options": {k: v for k, v in config.tasks.options.items() if k == family},
+        }
+    )
+    hints = config.agent.hints.model_copy(update={"enabled": False})
+    agent = config.agent.model_copy(update={"hints": hints})
+    return config.model_copy(update={"tasks": tasks, "agent": agent})
+
+
+async def scripted_rollouts(
+    parts: Composition,
+    tasks: Sequence[Task],
+    steps: Callable[[Task], list[ToolCall]],
+    *,
+    concurrency: int = 4,
+) -> list[Trajectory]:
+    """One rollout per task through the real loop, with a policy that emits `steps(task)`."""
+    from conveyor.trainer.sft import OracleEngine, oracle_rollouts
+
+    tokenizer = parts.tokenizer
+    engine = OracleEngine(
+        {task.id: steps(task) for task in tasks},
+        lambda text: tokenizer.encode(text, add_special_tokens=False),
+        tokenizer.eos_token_id,
+        parts.config.model.tool_format,
+    )
+    return await oracle_rollouts(parts.stages(engine=engine), tasks, concurrency=concurrency)
+
+
+async def check_family(
+    config: ConveyorConfig,
+    family: str,
+    *,
+    n: int,
+    split: str = "eval",
+    concurrency: int = 4,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Oracle and empty rollouts of `n` instances of `family`'s `split`; a JSON-ready report
+    whose `ok` says the oracle scored 1.0 and the empty policy 0.0 on every instance."""
+    from conveyor.tasks.family import say as say_step
+
+    parts = Composition(check_config(config, family))
+    try:
+        tasks = parts.tasks(n, split)
+        fam = parts.families[family]
+        say(f"{family}: {len(tasks)} {split} instances")
+        oracle = await scripted_rollouts(parts, tasks, fam.oracle_calls, concurrency=concurrency)
+        empty = await scripted_rollouts(
+            parts, tasks, lambda _t: [say_step(EMPTY_REPLY)], concurrency=concurrency
+        )
+    finally:
+        await parts.close()
+    problems: list[dict[str, Any]] = []
+    for policy, want, rollouts in (("oracle", 1.0, oracle), ("empty", 0.0, empty)):
+        for t in rollouts:
+            if t.reward != want:
+                problems.append(
+                    {
+                        "policy": policy,
+                        "task_id": t.task_id,
+                        "reward": t.reward,
+                        "status": str(t.status),
+                        "error": t.error,
+                    }
+                )
+    report = {
+        "family": family,
+        "split": split,
+        "n": len(tasks),
+        "oracle_mean": _mean(t.reward for t in oracle),
+        "empty_mean": _mean(t.reward for t in empty),
+        "problems": problems,
+        "ok": not problems,
+    }
+    for problem in problems[:20]:
+        say(f"  {problem['policy']} {problem['task_id']}: reward {problem['reward']} "
+            f"({problem['status']}) {problem['error'] or ''}".rstrip())
+    return report
+
+
+def _mean(values: Any) -> float | None:
+    got = [float(v) for v in values if v is not None]
+    return sum(got) / len(got) if got else None
+
+
+def run_check(config: ConveyorConfig, family: str, n: int, split: str) -> dict[str, Any]:
+    """`check_family` from synchronous code (the CLI)."""
+    return asyncio.run(check_family(config, family, n=n, split=split))
