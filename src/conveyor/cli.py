@@ -46,7 +46,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _load(config: Path, overrides: list[str] | None):  # type: ignore[no-untyped-def]
+def _load(config: Path | None, overrides: list[str] | None):  # type: ignore[no-untyped-def]
     from conveyor.config import ConfigError, load_config
 
     try:
@@ -236,8 +236,9 @@ def backends_command(
 def tasks_families(
     as_json: Annotated[
         bool,
-        typer.Option("--json", help='Last line: a JSON list of {"name", "splits", "source", '
-        '"version"}.'),
+        typer.Option(
+            "--json", help='Last line: a JSON list of {"name", "splits", "source", "version"}.'
+        ),
     ] = False,
 ) -> None:
     """List the registered task families (`tasks.families`): splits, data source and version."""

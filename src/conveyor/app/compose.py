@@ -104,7 +104,7 @@ class Composition:
             self._closers.append(engine.close)
         client = RenderedChatClient(
             engine,
-            tokenizer,
+            tokenizer,  # type: ignore[arg-type]  # transformers' decode returns str | list[str]
             temperature=side.temperature,
             max_tokens=side.max_tokens,
             seed=side.seed,

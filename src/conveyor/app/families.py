@@ -109,8 +109,10 @@ async def check_family(
         "ok": not problems,
     }
     for problem in problems[:20]:
-        say(f"  {problem['policy']} {problem['task_id']}: reward {problem['reward']} "
-            f"({problem['status']}) {problem['error'] or ''}".rstrip())
+        say(
+            f"  {problem['policy']} {problem['task_id']}: reward {problem['reward']} "
+            f"({problem['status']}) {problem['error'] or ''}".rstrip()
+        )
     return report
 
 
