@@ -14,29 +14,13 @@ import pytest
 
 from conveyor.agent.chat import ChatRenderer
 from conveyor.agent.loop import AgentLoop, final_answer
-from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import AgentConfig, HintsConfig, SamplingConfig
 from conveyor.engines.base import EngineError
 from conveyor.engines.simulated import SimulatedEngine
 from conveyor.tasks.family import get_family
-from conveyor.types import Status, Task, ToolCall
-
-
-def scripted(tokenizer: Any, texts: Sequence[str], *, eos: bool = True) -> SimulatedEngine:
-    """An engine that answers turn k with texts[k] (then repeats the last)."""
-    queue = list(texts)
-    end = tokenizer.encode("<|im_end|>", add_special_tokens=False)
-
-    def respond(_prompt: list[int]) -> list[int]:
-        text = queue.pop(0) if len(queue) > 1 else queue[0]
-        return tokenizer.encode(text, add_special_tokens=False) + (end if eos else [])
-
-    return SimulatedEngine(respond, eos_token_id=end[0])
-
-
-def call(name: str, **arguments: Any) -> str:
-    return format_tool_call(ToolCall(name=name, arguments=arguments), "hermes")
+from conveyor.types import Status, Task
+from scripted_engine import call, scripted
 
 
 @tool
