@@ -90,3 +90,33 @@ def test_incomplete_group_policy_is_a_config_key_with_a_checked_value(tmp_path: 
     # The fallback after refilling cannot itself be refill.
     bad = conveyor("config", "show", str(config), "--set", "rl.refill_fallback=refill")
     assert bad.returncode == 2 and "rl.refill_fallback" in bad.stderr
+
+
+def test_tasks_families_json_contract() -> None:
+    result = conveyor("tasks", "families", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    by_name = {row["name"]: row for row in rows}
+    assert {"search", "memory", "math", "code", "rg", "bfcl", "tau2", "terminal"} <= set(by_name)
+    for row in rows:
+        assert set(row) == {"name", "splits", "source", "version"}
+    assert by_name["filenav"]["splits"] == ["train", "eval", "test"]
+
+
+def test_tasks_check_runs_the_oracle_and_the_empty_policy_through_the_loop(
+    model_dir: Path,
+) -> None:
+    ok = conveyor("tasks", "check", "filenav", "--n", "3")
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert report == {
+        "family": "filenav",
+        "split": "eval",
+        "n": 3,
+        "oracle_mean": 1.0,
+        "empty_mean": 0.0,
+        "problems": [],
+        "ok": True,
+    }
+    unknown = conveyor("tasks", "check", "filenavv")
+    assert unknown.returncode == 2 and "did you mean 'filenav'" in unknown.stderr

@@ -208,3 +208,20 @@ def test_a_side_model_from_config_is_built_once_per_role(tmp_path: Path, model_d
     asyncio.run(parts.close())
     no_judge = Composition(load_config(None, []).config).family_services("filenav")
     assert no_judge.judge is None
+
+
+def test_check_family_reports_a_wrong_oracle(
+    monkeypatch: pytest.MonkeyPatch, model_dir: Path
+) -> None:
+    from conveyor.app.families import check_family
+    from conveyor.tasks.filenav import FileNavFamily
+
+    def wrong(self: FileNavFamily, task: Task) -> list[ToolCall]:
+        return [ToolCall(name="finish", arguments={"answer": "not it"})]
+
+    monkeypatch.setattr(FileNavFamily, "oracle_calls", wrong)
+    config = load_config(None, ["tasks.families=[filenav]"]).config
+    report = asyncio.run(check_family(config, "filenav", n=2, say=lambda _: None))
+    assert report["ok"] is False and report["oracle_mean"] == 0.0
+    assert [p["policy"] for p in report["problems"]] == ["oracle", "oracle"]
+    assert report["empty_mean"] == 0.0
