@@ -14,4 +14,4 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff format --check src tests
 .venv/bin/mypy
 # pytest exits 5 when it collected no test: that fails this script too.
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=30 "$@"
