@@ -60,6 +60,7 @@ from conveyor.tasks.family import (
 from conveyor.types import Task, ToolCall, Trajectory
 
 Category = Literal["base", "long_context", "miss_func", "miss_param"]
+_ALL_CATEGORIES: tuple[Category, ...] = ("base", "long_context", "miss_func", "miss_param")
 
 # JSON-safe integers: a bigger one is refused before it reaches a simulator.
 _MAX_INT = 2**53
@@ -79,7 +80,7 @@ class BfclOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     categories: list[Category] = Field(
-        default_factory=lambda: ["base", "long_context", "miss_func", "miss_param"],
+        default_factory=lambda: list(_ALL_CATEGORIES),
         min_length=1,
         description="Which BFCL v4 multi-turn categories to draw instances from.",
     )
