@@ -39,9 +39,9 @@ FAMILY = BfclFamily()
 # answers whose one call is 1,202 tokens long.
 LOOP_SETTINGS = [
     "tasks.families=[bfcl]",
-    "agent.max_turns=64",
-    "agent.max_prompt_tokens=60000",
-    "agent.max_context_tokens=64000",
+    "agent.max_turns=48",
+    "agent.max_prompt_tokens=16384",
+    "agent.max_context_tokens=16384",
     "agent.max_completion_tokens=2048",
 ]
 
