@@ -386,9 +386,13 @@ def test_more_steps_in_a_turn_than_bfcl_allows_scores_zero() -> None:
     task = entry_task("multi_turn_base_0")
     runtime = _oracle_runtime(task)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
-    messages += [{"role": "assistant", "content": "c", "_tool_calls": [{"name": "ls"}]}] * 21
+    step = {"role": "assistant", "content": "c", "_tool_calls": [{"name": "ls"}]}
+    hint = {"role": "user", "content": "Use a tool.", "_hint": True}  # the loop's, not a turn
+    messages += [step] * 10 + [hint] + [step] * 11
     grade = run(FAMILY.grade(task, Trajectory(task_id=task.id, messages=messages), runtime))
     assert grade.reward == 0.0
+    at_limit = messages[:-1]  # 20 steps: allowed
+    assert run(FAMILY.grade(task, Trajectory(task_id=task.id, messages=at_limit), runtime)).reward
     assert "limit 20" in json.loads(grade.records[0]["content"])["message"]
 
 

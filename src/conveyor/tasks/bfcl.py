@@ -307,7 +307,7 @@ def _steps_per_turn(trajectory: Trajectory) -> list[int]:
     """Tool-calling replies per user turn, read from the loop's record of the conversation."""
     steps: list[int] = []
     for message in trajectory.messages:
-        if message.get("role") == "user":
+        if message.get("role") == "user" and not message.get("_hint"):  # a hint is no new turn
             steps.append(0)
         elif message.get("role") == "assistant" and message.get("_tool_calls") and steps:
             steps[-1] += 1
