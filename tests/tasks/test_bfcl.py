@@ -117,6 +117,22 @@ def test_answers_parse_as_literal_calls_and_code_does_not() -> None:
             parse_call(bad)
 
 
+def test_a_missing_bfcl_eval_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.resources
+
+    def missing(name: str) -> Any:
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(importlib.resources, "files", missing)
+    load_category.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"pip install --no-deps bfcl-eval==2026\.3\.23"):
+            load_category("base")
+    finally:
+        monkeypatch.undo()
+        load_category.cache_clear()
+
+
 # --- instances and splits ----------------------------------------------------------------------
 
 

@@ -92,7 +92,14 @@ class Entry:
 
 
 def _data_dir() -> Any:
-    return importlib.resources.files("bfcl_eval") / "data"
+    try:
+        return importlib.resources.files("bfcl_eval") / "data"
+    except ModuleNotFoundError:
+        raise RuntimeError(
+            f"the bfcl family needs the bfcl-eval package: pip install --no-deps "
+            f"bfcl-eval=={BFCL_VERSION} (as scripts/bootstrap.sh does; its own dependencies "
+            "would replace numpy)"
+        ) from None
 
 
 def _jsonl(resource: Any) -> Iterator[dict[str, Any]]:
