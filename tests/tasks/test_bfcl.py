@@ -415,12 +415,12 @@ def test_more_steps_in_a_turn_than_bfcl_allows_scores_zero() -> None:
 # --- through the real loop ---------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_attacks_through_the_real_loop(model_dir: Path) -> None:
+def test_attacks_through_the_real_loop(tokenizer: Any) -> None:
     """A BFCL-style python call string in the reply is text, not a call; calling a private
     method is an unknown tool; both end at 0 with the conversation completed."""
     config = load_config(None, LOOP_SETTINGS).config
     parts = Composition(check_config(config, "bfcl"))
+    parts._tokenizer = tokenizer  # the session's tokenizer: loading another takes seconds
     task = entry_task("multi_turn_base_0")
     python_call = "[cd(folder=__import__('os').getcwd()), mkdir(dir_name='temp')]"
     scripts = {
