@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.runtime.base import ExecResult
-from conveyor.tasks.bfcl_data import Entry, function_docs, simulator_class
+from conveyor.tasks.bfcl_data import (
+    Entry,
+    function_docs,
+    openai_schema,
+    owner_of,
+    simulator_class,
+)
 
 # BFCL's executor: a failed call's result, as the model and the checker see it.
 ERROR_PREFIX = "Error during execution: "
@@ -153,8 +159,6 @@ def _holdout_message(entry: Entry, revealed: list[str]) -> str:
     from bfcl_eval.constants.default_prompts import (
         DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING as TEMPLATE,
     )
-
-    from conveyor.tasks.bfcl_data import openai_schema, owner_of
 
     schemas: list[dict[str, Any]] = []
     for name in revealed:
