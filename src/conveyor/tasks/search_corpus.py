@@ -93,9 +93,9 @@ _FILLER: dict[str, list[str]] = {
     ],
 }
 _MENTIONS = [
-    "It is sometimes mentioned together with {other}.",
-    "A guidebook of the time describes it next to {other}.",
-    "Some sources compare it with {other}.",
+    "Some sources compare {subject} with {other}.",
+    "A guidebook of the time mentions {subject} next to {other}.",
+    "Old catalogues list {subject} beside {other}.",
 ]
 
 
@@ -293,7 +293,7 @@ def _facts(entity: Entity, get: Callable[[str], Entity]) -> list[str]:
         ]
     return [
         f"The {name} is a {name.split(' ', 1)[1]} made by {rel['maker'].name}.",
-        f"It was invented by {rel['inventor'].name}.",
+        f"The {name} was invented by {rel['inventor'].name}.",
         f"The {name} was first sold in {att['introduced']}.",
     ]
 
@@ -306,7 +306,7 @@ def _document(
     if rng.random() < 0.5:
         other = corpus[rng.choice(ids)]
         if other.id != entity.id:
-            filler.append(rng.choice(_MENTIONS).format(other=other.mention))
+            filler.append(rng.choice(_MENTIONS).format(subject=entity.mention, other=other.mention))
     facts = _facts(entity, corpus.__getitem__)
     sentences = [facts[0]]
     # Filler goes between facts, so a fact may sit anywhere in the page.
