@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import load_config
-from conveyor.tasks.family import FamilyServices, Grading, get_family, split_of
+from conveyor.tasks.family import FamilyServices, Grading, family_info, get_family, split_of
 from conveyor.tasks.search import SearchFamily, index
 from conveyor.tasks.search_corpus import build_corpus, corpus
 from conveyor.tasks.search_grading import normalise, parse_verdict
@@ -151,6 +151,22 @@ def test_the_corpus_is_the_same_in_every_build() -> None:
 # --- tools -----------------------------------------------------------------------------------
 
 
+def test_the_family_is_registered_with_its_source_and_tools() -> None:
+    assert family_info("search") == {
+        "name": "search",
+        "splits": ["train", "eval", "test"],
+        "source": "generated encyclopedia (seed 17)",
+        "version": "1",
+    }
+    family = get_family("search")
+    assert isinstance(family, SearchFamily) and not family.options.judge
+    tools = family.tools()
+    assert tools.names == ["search", "open", "finish"]
+    schema = tools.get("search").schema["function"]["parameters"]
+    assert schema["required"] == ["query"] and "k" in schema["properties"]
+    assert '<tool_call>\n{"name": "search"' in EVAL[0].prompt[0]["content"]
+
+
 def test_bm25_finds_every_hop_page_with_the_oracle_query() -> None:
     ranks = []
     for task in FAMILY.make_tasks(100, 0, "eval"):
@@ -180,7 +196,9 @@ def test_search_lists_ids_titles_and_snippets_up_to_k() -> None:
     assert len(lines) == 5
     for line in lines:
         doc_id, title, snippet = line.split(" | ")
-        assert corpus().documents[doc_id].title == title and snippet.endswith(" ...")
+        page = corpus().documents[doc_id]
+        assert page.title == title
+        assert snippet == page.text or page.text.startswith(snippet.removesuffix(" ..."))
     (three,) = run(
         call_tools(EVAL[0], [ToolCall(name="search", arguments={"query": "river", "k": 3})])
     )

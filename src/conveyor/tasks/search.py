@@ -106,8 +106,10 @@ async def search(query: str, k: int = 5) -> str:
     lines = []
     for doc_id, _score in hits:
         page = pages[doc_id]
-        snippet = page.text[:SNIPPET_CHARS].rsplit(" ", 1)[0]
-        lines.append(f"{doc_id} | {page.title} | {snippet} ...")
+        snippet = page.text
+        if len(snippet) > SNIPPET_CHARS:
+            snippet = snippet[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " ..."
+        lines.append(f"{doc_id} | {page.title} | {snippet}")
     return "\n".join(lines)
 
 
@@ -212,7 +214,9 @@ class SearchFamily:
         return ToolRegistry([search, open_page, finish])
 
     async def make_runtime(self, task: Task) -> Runtime:
-        """An empty started runtime: the tools read the in-process corpus."""
+        """An empty started runtime: the tools read the in-process corpus, whose BM25 index is
+        built here, in the init stage, the first time (not in the first rollout's tool call)."""
+        index()
         return await start_runtime(self.runtime_kind, RuntimeRequest(files={}), self.runtime)
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
