@@ -303,6 +303,19 @@ def test_verdict_parsing_is_strict(verdict: str, accepted: bool | None) -> None:
     assert grade(judged(Judge(verdict)), task, surname) == float(accepted is True)
 
 
+def test_the_hop_range_is_an_option() -> None:
+    def family(**options: Any) -> SearchFamily:
+        return SearchFamily(services=FamilyServices(options=options))
+
+    tasks = family(min_hops=3, max_hops=3).make_tasks(30, 0, "eval")
+    assert {t.data["hops"] for t in tasks} == {3}
+    assert {t.data["hops"] for t in family(max_hops=3).make_tasks(30, 0, "eval")} == {2, 3}
+    with pytest.raises(ValueError, match=r"min_hops \(4\) exceeds max_hops \(3\)"):
+        family(min_hops=4, max_hops=3)
+    with pytest.raises(ValueError, match=r"max_hops: Input should be less than or equal to 4"):
+        family(max_hops=5)
+
+
 def test_judge_on_without_a_judge_model_is_refused_at_build_time() -> None:
     with pytest.raises(ValueError, match=r"judge is true, but no judge model.*tasks.judge_engine"):
         get_family("search", services=FamilyServices(options={"judge": True}))

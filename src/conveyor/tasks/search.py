@@ -16,17 +16,20 @@ no gold name. The reward is exact match OR (gate passed AND verdict CORRECT).
 Options (`tasks.options.search`):
 - `judge` (bool, default false): ask the judge when exact match fails; refused at build time
   when no `tasks.judge_engine` is configured.
+- `min_hops`, `max_hops` (2-4, default 2 and 4): the range of hop counts drawn, each count
+  equally likely (a curriculum; a question of h hops needs 2h+1 tool calls, so `max_hops: 3`
+  fits the default `agent.max_turns` of 8).
 """
 
 from __future__ import annotations
 
 import random
 from functools import cache
-from typing import Any
+from typing import Any, Self
 
 import bm25s
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conveyor.agent.loop import final_answer
 from conveyor.agent.parsing import format_tool_call
@@ -49,7 +52,7 @@ from conveyor.tasks.search_grading import (
     judge_prompt,
     parse_verdict,
 )
-from conveyor.tasks.search_questions import Question, draw_question
+from conveyor.tasks.search_questions import MAX_HOPS, MIN_HOPS, Question, draw_question
 from conveyor.types import Message, Task, ToolCall, Trajectory
 
 MAX_K = 10
@@ -149,11 +152,19 @@ SYSTEM_PROMPT = _system_prompt()
 
 
 class SearchOptions(BaseModel):
-    """`tasks.options.search`."""
+    """`tasks.options.search` (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid")
 
     judge: bool = False
+    min_hops: int = Field(default=MIN_HOPS, ge=MIN_HOPS, le=MAX_HOPS)
+    max_hops: int = Field(default=MAX_HOPS, ge=MIN_HOPS, le=MAX_HOPS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min_hops > self.max_hops:
+            raise ValueError(f"min_hops ({self.min_hops}) exceeds max_hops ({self.max_hops})")
+        return self
 
 
 @register_family
@@ -187,10 +198,11 @@ class SearchFamily:
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct questions of `split`, deterministic in (n, seed, split)."""
         encyclopedia = corpus()
+        hops = (self.options.min_hops, self.options.max_hops)
 
         def draw(rng: random.Random) -> tuple[str, Question]:
             while True:  # a draw may hit a dead end or a cycle; most do not
-                question = draw_question(rng, encyclopedia)
+                question = draw_question(rng, encyclopedia, hops)
                 if question is not None:
                     return question.key, question
 

@@ -134,9 +134,12 @@ def _walk(rng: random.Random, corpus: Corpus, anchor: Entity, steps: int) -> tup
     return tuple(relations)
 
 
-def draw_question(rng: random.Random, corpus: Corpus) -> Question | None:
-    """A random question of 2-4 hops, or None when this draw hit a dead end or a cycle."""
-    hops = rng.randint(MIN_HOPS, MAX_HOPS)
+def draw_question(
+    rng: random.Random, corpus: Corpus, hop_range: tuple[int, int] = (MIN_HOPS, MAX_HOPS)
+) -> Question | None:
+    """A random question of `hop_range[0]` to `hop_range[1]` hops (each count equally likely),
+    or None when this draw hit a dead end or a cycle."""
+    hops = rng.randint(*hop_range)
     asks_attribute = rng.random() < 0.35
     anchor = corpus.entity(rng.choice(corpus.ids))
     relations = _walk(rng, corpus, anchor, hops - 1 if asks_attribute else hops)
