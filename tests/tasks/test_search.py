@@ -212,6 +212,7 @@ def test_search_lists_ids_titles_and_snippets_up_to_k() -> None:
         ({"query": "lamp", "k": 0}, "Error: ValueError: k must be between 1 and 10, got 0"),
         ({"query": "lamp", "k": 11}, "Error: ValueError: k must be between 1 and 10, got 11"),
         ({"query": "lamp", "k": "five"}, "Error: invalid arguments for tool 'search'"),
+        ({"query": "lamp " * 100}, "Error: ValueError: query is 500 characters long; at most 300"),
         ({"k": 3}, "Error: invalid arguments for tool 'search'"),
     ],
 )

@@ -3,13 +3,13 @@
 The corpus (`conveyor.tasks.search_corpus`) holds about 3,300 pages on fictional people, towns,
 rivers, provinces, companies and products whose invented names no pre-trained model can know. A
 question (`conveyor.tasks.search_questions`) names one entity and chains 2-4 hops of relations
-from it ("In which town was the founder of the company that makes the Zorvel lamp born?"); the
+from it ("In which town was the founder of the company that makes the Skidrein kettle born?"); the
 agent finds each page with `search` (BM25 over the corpus, `bm25s`), reads it with `open` and
 submits the answer with `finish`.
 
 Reward (`conveyor.tasks.search_grading`): normalised exact match against the answer or an alias.
 With the option `judge: true` a judge model (`tasks.judge_engine`) may also accept a short
-answer that names the gold entity and nothing else (a surname, "the town of Brinholt"); the
+answer that names the gold entity and nothing else (a surname, "the town of Trusskeind"); the
 judge never sees, so can never reward, an answer that lists names, echoes the question or holds
 no gold name. The reward is exact match OR (gate passed AND verdict CORRECT).
 
@@ -56,6 +56,7 @@ from conveyor.tasks.search_questions import MAX_HOPS, MIN_HOPS, Question, draw_q
 from conveyor.types import Message, Task, ToolCall, Trajectory
 
 MAX_K = 10
+MAX_QUERY_CHARS = 300
 SNIPPET_CHARS = 160
 
 
@@ -100,6 +101,8 @@ async def search(query: str, k: int = 5) -> str:
     """
     if not query.strip():
         raise ValueError("query is empty; search for a name or words from the question")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ValueError(f"query is {len(query)} characters long; at most {MAX_QUERY_CHARS}")
     if not 1 <= k <= MAX_K:
         raise ValueError(f"k must be between 1 and {MAX_K}, got {k}")
     hits = index().search(query, k)
