@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from bm25s.stopwords import STOPWORDS_EN
 
 from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import load_config
@@ -132,6 +133,7 @@ def test_name_words_are_unique_so_every_name_means_one_entity() -> None:
     assert len(words) == len(set(words)) == len(encyclopedia.owner)
     assert 3000 <= len(encyclopedia.documents) <= 5000
     assert not any("x" in w or "q" in w for w in words)  # the prompt's example names
+    assert not set(words) & set(STOPWORDS_EN)  # the index would drop such a name
 
 
 def test_each_page_on_the_path_states_the_fact_that_leads_on() -> None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
+from bm25s.stopwords import STOPWORDS_EN
+
 CORPUS_SEED = 17
 CORPUS_VERSION = "1"
 
@@ -145,7 +147,7 @@ class Corpus:
         return self.entities[entity_id]
 
 
-# Words of the page templates and common English: a name word is never one of them.
+# Words of the page templates, and the stop words the BM25 index drops: never a name word.
 _FACT_WORDS = (
     "a an the and of in is was for by as it its at on to with from many years young taught born "
     "worked town flows through founded has source capital governor headquarters made invented "
@@ -155,7 +157,7 @@ _RESERVED = frozenset(
     re.findall(
         r"[a-z]+",
         " ".join(
-            [_FACT_WORDS, *_PROFESSIONS, *_PRODUCT_KINDS, *_MENTIONS, *TYPE_WORDS]
+            [_FACT_WORDS, *STOPWORDS_EN, *_PROFESSIONS, *_PRODUCT_KINDS, *_MENTIONS, *TYPE_WORDS]
             + [line for lines in _FILLER.values() for line in lines]
         ).lower(),
     )
