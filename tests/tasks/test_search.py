@@ -281,8 +281,10 @@ def test_the_judge_accepts_a_near_miss_and_its_prompt_and_verdict_are_recorded()
     assert f"<candidate>It was {surname}.</candidate>" in got.records[0]["content"]
     assert task.data["question"] in got.records[0]["content"]
     assert got.records[1]["content"] == "CORRECT"
-    # an exact match never asks the judge
-    assert grade(family, task, task.data["answer"]) == 1.0 and len(judge.asked) == 1
+    # an exact match never asks the judge; the breakdown keeps its keys
+    exact = run(family.grade(task, answered(task, task.data["answer"]), None))  # type: ignore[arg-type]
+    assert exact.reward == 1.0 and len(judge.asked) == 1 and not exact.records
+    assert exact.breakdown == {"exact_match": 1.0, "judge": 0.0, "judge_asked": 0.0}
 
 
 @pytest.mark.parametrize(

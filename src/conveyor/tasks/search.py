@@ -239,15 +239,18 @@ class SearchFamily:
         return 1.0 if exact_match(answer, task.data) else 0.0
 
     async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
-        """Exact match; with the judge on, a gated judge verdict may accept a near miss."""
+        """Exact match; with the judge on, a gated judge verdict may accept a near miss.
+
+        The breakdown has the same keys in every rollout of a run: `exact_match`, and with the
+        judge on `judge` (1.0 when the judge's verdict turned a miss into a hit) and
+        `judge_asked` (whether it was asked: never for an exact match or a gated answer)."""
         answer = final_answer(trajectory)
         matched = exact_match(answer, task.data)
-        breakdown = {"exact_match": float(matched)}
-        if matched or not self.options.judge:
-            return Grade(reward=float(matched), breakdown=breakdown)
-        refused = judge_gate(answer, task.data, corpus())
-        if refused is not None or answer is None:
-            return Grade(reward=0.0, breakdown={**breakdown, "judge": 0.0, "judge_asked": 0.0})
+        if not self.options.judge:
+            return Grade(reward=float(matched), breakdown={"exact_match": float(matched)})
+        unasked = {"exact_match": float(matched), "judge": 0.0, "judge_asked": 0.0}
+        if matched or answer is None or judge_gate(answer, task.data, corpus()) is not None:
+            return Grade(reward=float(matched), breakdown=unasked)
         assert self.services.judge is not None  # checked when the family was built
         prompt = judge_prompt(task.data["question"], answer, task.data)
         verdict = await self.services.judge().reply(prompt)
@@ -258,7 +261,7 @@ class SearchFamily:
         ]
         return Grade(
             reward=float(accepted),
-            breakdown={**breakdown, "judge": float(accepted), "judge_asked": 1.0},
+            breakdown={**unasked, "judge": float(accepted), "judge_asked": 1.0},
             records=records,
         )
 
