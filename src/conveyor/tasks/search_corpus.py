@@ -150,7 +150,7 @@ class Corpus:
 # Words of the page templates, and the stop words the BM25 index drops: never a name word.
 _FACT_WORDS = (
     "a an the and of in is was for by as it its at on to with from many years young taught born "
-    "worked town flows through founded has source capital governor headquarters made invented "
+    "employed town flows through founded has source capital governor headquarters made invented "
     "first sold"
 )
 _RESERVED = frozenset(
@@ -272,7 +272,7 @@ def _facts(entity: Entity, get: Callable[[str], Entity]) -> list[str]:
         last = entity.words[-1]
         return [
             f"{name} was a {att['profession']} born in {rel['birthplace'].name} in {att['born']}.",
-            f"{last} worked for {rel['employer'].name} for many years.",
+            f"{last} was employed by {rel['employer'].name} for many years.",
             f"As a young {att['profession']}, {last} was taught by {rel['mentor'].name}.",
         ]
     if entity.kind == "town":

@@ -47,7 +47,7 @@ RELATIONS: dict[str, Relation] = {
         "person", "town", "the town where {x} was born", "In which town was {x} born?"
     ),
     "employer": Relation(
-        "person", "company", "the company that {x} worked for", "Which company did {x} work for?"
+        "person", "company", "the company that employed {x}", "Which company employed {x}?"
     ),
     "mentor": Relation("person", "person", "the teacher of {x}", "Who taught {x}?"),
     "river": Relation(
