@@ -225,3 +225,14 @@ def test_check_family_reports_a_wrong_oracle(
     assert report["ok"] is False and report["oracle_mean"] == 0.0
     assert [p["policy"] for p in report["problems"]] == ["oracle", "oracle"]
     assert report["empty_mean"] == 0.0
+
+
+def test_check_family_gives_the_oracle_the_turns_it_needs(model_dir: Path) -> None:
+    from conveyor.app.families import check_family
+
+    # filenav's oracle takes 3 calls; a 1-turn budget would truncate it into a false failure.
+    config = load_config(None, ["tasks.families=[filenav]", "agent.max_turns=1"]).config
+    lines: list[str] = []
+    report = asyncio.run(check_family(config, "filenav", n=2, say=lines.append))
+    assert report["ok"] is True and report["oracle_mean"] == 1.0
+    assert any("max_turns raised to 3" in line for line in lines)
