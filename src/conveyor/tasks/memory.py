@@ -164,8 +164,11 @@ async def update_memory(text: str, ctx: ToolContext) -> str:
 
 
 def normalise(text: str) -> str:
-    """Lower case, punctuation and the articles a/an/the dropped, whitespace collapsed."""
-    lowered = text.lower().translate(str.maketrans("", "", string.punctuation))
+    """Lower case, punctuation turned into spaces, the articles a/an/the dropped, whitespace
+    collapsed."""
+    lowered = text.lower().translate(
+        str.maketrans(string.punctuation, " " * len(string.punctuation))
+    )
     return " ".join(w for w in lowered.split() if w not in {"a", "an", "the"})
 
 
