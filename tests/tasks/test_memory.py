@@ -16,7 +16,7 @@ from conveyor.agent.loop import CONTEXT_RESET_ROLE
 from conveyor.agent.tools import RESET_KEY, ToolContext, ToolOutcome
 from conveyor.app.compose import Composition
 from conveyor.app.families import check_family, scripted_rollouts
-from conveyor.config import ConveyorConfig, load_config
+from conveyor.config import AgentConfig, ConveyorConfig, load_config
 from conveyor.runtime.base import RuntimeFailure
 from conveyor.tasks.family import FamilyServices, get_family
 from conveyor.tasks.memory import (
@@ -40,17 +40,17 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def overrides(max_turns: int, options: dict[str, Any]) -> list[str]:
+    return [
+        "tasks.families=[memory]",
+        f"tasks.options={{memory: {json.dumps(options)}}}",
+        f"agent.max_turns={max_turns}",
+        "agent.hints.enabled=false",  # as in `tasks check`: a reply without a call ends it
+    ]
+
+
 def small_config(max_turns: int = 20, options: dict[str, Any] | None = None) -> ConveyorConfig:
-    opts = json.dumps(options if options is not None else SMALL)
-    return load_config(
-        None,
-        [
-            "tasks.families=[memory]",
-            f"tasks.options={{memory: {opts}}}",
-            f"agent.max_turns={max_turns}",
-            "agent.hints.enabled=false",  # as in `tasks check`: a reply without a call ends it
-        ],
-    ).config
+    return load_config(None, overrides(max_turns, SMALL if options is None else options)).config
 
 
 def update(text: str) -> ToolCall:
@@ -363,13 +363,18 @@ def test_a_right_answer_in_other_case_and_punctuation_scores_one(parts: Composit
 
 
 def test_without_enough_turns_the_oracle_is_truncated_not_crashed(model_dir: Any) -> None:
-    composition = Composition(small_config(max_turns=5))
+    # Today agent.max_turns bounds the whole rollout; where the loop gives each context its own
+    # turn budget, agent.max_contexts bounds the contexts instead (see docs/domains/memory.md).
+    per_context = "max_contexts" in AgentConfig.model_fields
+    limit = "agent.max_contexts=5" if per_context else "agent.max_turns=5"
+    config = load_config(None, [*overrides(20, SMALL), limit]).config
+    composition = Composition(config)
     try:
         (trajectory,) = run(scripted_rollouts(composition, TASKS[:1], FAMILY.oracle_calls))
     finally:
         run(composition.close())
     assert trajectory.status is Status.TRUNCATED and trajectory.stop_reason is EndReason.MAX_TURNS
-    assert trajectory.reward == 0.0 and trajectory.counters["resets"] == 5
+    assert trajectory.reward == 0.0 and trajectory.counters["resets"] == (4 if per_context else 5)
 
 
 @pytest.mark.slow
