@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from conveyor.agent.loop import CONTEXT_RESET_ROLE
+from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import RESET_KEY, ToolContext, ToolOutcome
 from conveyor.app.compose import Composition
 from conveyor.app.families import check_family, scripted_rollouts
@@ -133,6 +134,14 @@ def test_the_document_is_several_context_windows_and_chunks_hold_about_chunk_tok
         # one context (system, question, memory, chunk) fits the default prompt budget
         prompt = tokenizer.apply_chat_template(task.prompt, tokenize=True)
         assert len(prompt) < 3072 - 400
+        # a full memory of the densest text (the fact sentences: names, ids, numbers) fits one
+        # completion of the default agent.max_completion_tokens (256) with its wrapper and EOS
+        sentences = [s for chunk in task.data["chunks"] for s in chunk.split(". ")]
+        facts = [s for s in sentences if s.startswith(("Courier", "Shipment"))]
+        memory = " ".join(facts)[: task.data["memory_chars"]]
+        assert len(memory) == task.data["memory_chars"] == 512
+        wrapped = format_tool_call(update(memory), "hermes")
+        assert len(tokenizer.encode(wrapped, add_special_tokens=False)) + 1 <= 256
 
 
 def test_the_first_context_shows_the_question_an_empty_memory_and_chunk_one() -> None:
@@ -177,7 +186,7 @@ def test_update_memory_saves_moves_on_and_resets_to_the_next_chunk() -> None:
         outcome = await FAMILY.tools().execute(
             update("Day 1: nothing yet."), ctx, timeout_s=5.0, max_output_chars=4000
         )
-        assert outcome.kind == "ok" and outcome.output.startswith("Memory saved (19 of 768")
+        assert outcome.kind == "ok" and outcome.output.startswith("Memory saved (19 of 512")
         assert ctx.runtime is not None
         assert await read_state(ctx.runtime) == {"position": 1, "memory": "Day 1: nothing yet."}
         system, user = ctx.state[RESET_KEY]
@@ -200,7 +209,7 @@ def test_after_the_last_chunk_the_context_asks_for_the_answer_and_updates_are_re
 @pytest.mark.parametrize(
     ("arguments", "error"),
     [
-        ({"text": "x" * 769}, "over the bound of 768"),
+        ({"text": "x" * 513}, "over the bound of 512"),
         ({}, "missing required argument 'text'"),
         ({"text": 5}, "argument 'text'"),
         ({"text": "ok", "chunk": 3}, "unknown argument 'chunk'"),
@@ -333,7 +342,7 @@ def test_attack_a_memory_over_the_bound_is_refused_and_the_run_goes_on(
         assert trajectory.counters["tool_errors"] == 1 and "resets" not in trajectory.counters
         assert len(trajectory.turns) == 2  # the error did not end the rollout
         error = next(m for m in trajectory.messages if m["role"] == "tool")["content"]
-        assert "over the bound of 768" in error
+        assert "over the bound of 512" in error
 
 
 def test_attack_listing_both_candidates_scores_zero(parts: Composition) -> None:

@@ -65,7 +65,7 @@ class MemoryOptions(BaseModel):
 
     chunks: int | tuple[int, int] = Field(default=(48, 64))
     chunk_tokens: int = Field(default=400, ge=50, le=4000)
-    memory_chars: int = Field(default=768, ge=200, le=16000)
+    memory_chars: int = Field(default=512, ge=200, le=16000)
 
     @field_validator("chunks")
     @classmethod
