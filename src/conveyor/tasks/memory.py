@@ -43,7 +43,7 @@ from conveyor.tasks.family import (
     sample_instances,
     task_id,
 )
-from conveyor.tasks.memory_document import Document, draw_document
+from conveyor.tasks.memory_document import Document, DocumentSpec, draw_spec, render
 from conveyor.types import Message, Task, ToolCall, Trajectory
 
 # Where `update_memory` keeps the reading position and the memory inside the runtime.
@@ -202,13 +202,14 @@ class MemoryFamily:
         low, high = self.options.chunk_range()
         chunk_tokens = self.options.chunk_tokens
 
-        def draw(rng: random.Random) -> tuple[str, Document]:
-            document = draw_document(rng, rng.randint(low, high), chunk_tokens)
-            return json.dumps([document.question, document.chunks]), document
+        def draw(rng: random.Random) -> tuple[str, DocumentSpec]:
+            # the text is written only for the specs kept (most draws hash to another split)
+            spec = draw_spec(rng, rng.randint(low, high), chunk_tokens)
+            return spec.key(), spec
 
-        documents = sample_instances(self.name, n, seed, split, draw)
+        specs = sample_instances(self.name, n, seed, split, draw)
         tasks = []
-        for index, document in enumerate(documents):
+        for index, document in enumerate(render(spec) for spec in specs):
             data = _data(document, self.options.memory_chars)
             task = Task(id=task_id(self.name, split, index), family=self.name, prompt=[], data=data)
             tasks.append(task.model_copy(update={"prompt": _context(task, 0, ""), "split": split}))

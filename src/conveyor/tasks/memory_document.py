@@ -18,6 +18,7 @@ every value comes from a seeded `random.Random`: the same plan gives the same te
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -115,17 +116,40 @@ def day_header(chunk: int) -> str:
     return f"Day {chunk + 1}."
 
 
-def draw_document(rng: random.Random, chunks: int, chunk_tokens: int) -> Document:
-    """One document of `chunks` days of about `chunk_tokens` tokens each, with its question."""
+@dataclass(frozen=True)
+class DocumentSpec:
+    """All that decides a document: its plan of facts, its size and the seed of its prose.
+    Cheap to draw; `render` writes the text (equal specs give equal documents)."""
+
+    plan: _Plan
+    chunks: int
+    chunk_tokens: int
+    text_seed: int
+
+    def key(self) -> str:
+        """A canonical text of the spec (what splits are decided by)."""
+        facts = [[f.chunk, f.text] for f in self.plan.facts]
+        parts = [self.plan.question, self.plan.answer, facts, self.chunks, self.chunk_tokens]
+        return json.dumps([*parts, self.text_seed])
+
+
+def draw_spec(rng: random.Random, chunks: int, chunk_tokens: int) -> DocumentSpec:
+    """The spec of one document of `chunks` days of about `chunk_tokens` tokens each."""
     if chunks < 6:
         raise ValueError(f"a memory document needs at least 6 chunks, got {chunks}")
     plan = (_plan_transfer if rng.random() < 0.5 else _plan_sum)(rng, chunks)
-    text_rng = random.Random(rng.getrandbits(64))
+    return DocumentSpec(plan, chunks, chunk_tokens, rng.getrandbits(64))
+
+
+def render(spec: DocumentSpec) -> Document:
+    """The document of `spec`: each day's facts among filler prose."""
+    plan = spec.plan
+    text_rng = random.Random(spec.text_seed)
     by_chunk: dict[int, list[str]] = {}
     for fact in plan.facts:
         by_chunk.setdefault(fact.chunk, []).append(fact.text)
-    budget = int(chunk_tokens * CHARS_PER_TOKEN)
-    texts = [_chunk_text(text_rng, i, by_chunk.get(i, []), budget) for i in range(chunks)]
+    budget = int(spec.chunk_tokens * CHARS_PER_TOKEN)
+    texts = [_chunk_text(text_rng, i, by_chunk.get(i, []), budget) for i in range(spec.chunks)]
     return Document(plan.kind, plan.question, plan.answer, texts, plan.needed, plan.distractors)
 
 
