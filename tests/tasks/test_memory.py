@@ -354,16 +354,21 @@ def test_attack_listing_both_candidates_scores_zero(parts: Composition) -> None:
         assert trajectory.reward == 0.0 and trajectory.metrics["reward/read_needed"] == 1.0
 
 
-def test_attack_answering_a_distractor_or_with_extra_words_scores_zero(
-    parts: Composition,
-) -> None:
-    for answer in (
+@pytest.mark.parametrize(
+    "wrong",
+    [
         lambda t: t.data["distractors"][-1],
         lambda t: f"The answer is {t.data['answer']}",
+        lambda t: f"{t.data['answer']} {t.data['answer']}",
         lambda t: "",
-    ):
-        for trajectory in rollouts(parts, lambda t, a=answer: oracle_then(t, a(t))):  # type: ignore[misc]
-            assert trajectory.reward == 0.0
+    ],
+    ids=["distractor", "in-a-sentence", "repeated", "nothing"],
+)
+def test_attack_answering_a_distractor_or_with_extra_words_scores_zero(
+    parts: Composition, wrong: Callable[[Task], str]
+) -> None:
+    for trajectory in rollouts(parts, lambda t: oracle_then(t, wrong(t))):
+        assert trajectory.reward == 0.0 and trajectory.metrics["reward/read_needed"] == 1.0
 
 
 def test_a_right_answer_in_other_case_and_punctuation_scores_one(parts: Composition) -> None:
