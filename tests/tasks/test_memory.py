@@ -22,6 +22,7 @@ from conveyor.runtime.base import RuntimeFailure
 from conveyor.tasks.family import FamilyServices, get_family
 from conveyor.tasks.memory import (
     EMPTY_MEMORY,
+    STATE_PATH,
     MemoryFamily,
     normalise,
     oracle_memory,
@@ -255,6 +256,20 @@ def test_oracle_memories_fit_the_bound_and_keep_the_facts_seen_so_far() -> None:
         for call in calls[:-1]:
             assert len(call.arguments["text"]) <= 300  # the smallest sensible bound
         assert calls[-1].arguments == {"answer": task.data["answer"]}
+
+
+def test_score_needs_the_right_answer_and_the_late_chunk_shown() -> None:
+    late = TASK.data["needed"][-1]["chunk"]
+    answer = TASK.data["answer"]
+
+    async def score(position: int, given: str | None) -> float:
+        runtime = await FAMILY.make_runtime(TASK)
+        await runtime.write_file(STATE_PATH, json.dumps({"position": position, "memory": ""}))
+        return await FAMILY.score(TASK, given, runtime)
+
+    assert run(score(late, answer)) == run(score(8, f"{answer}.")) == 1.0
+    assert run(score(late - 1, answer)) == run(score(0, answer)) == 0.0
+    assert run(score(8, None)) == run(score(8, TASK.data["distractors"][0])) == 0.0
 
 
 def test_normalise_drops_case_punctuation_and_articles() -> None:
