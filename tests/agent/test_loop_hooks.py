@@ -41,13 +41,17 @@ async def note(text: str, ctx: ToolContext) -> str:
     return "noted"
 
 
-def loop(tokenizer: Any, texts: list[str], **kwargs: Any) -> AgentLoop:
+def loop(
+    tokenizer: Any, texts: list[str], max_turns: int = 8, max_contexts: int = 128, **kwargs: Any
+) -> AgentLoop:
     tools = ToolRegistry([note, finish])
     return AgentLoop(
         ChatRenderer(tokenizer, tools.schemas()),
         scripted(tokenizer, texts),
         tools,
-        AgentConfig(max_turns=8, hints=HintsConfig(enabled=False)),
+        AgentConfig(
+            max_turns=max_turns, max_contexts=max_contexts, hints=HintsConfig(enabled=False)
+        ),
         SamplingConfig(),
         rollout_timeout_s=30.0,
         **kwargs,
@@ -125,3 +129,17 @@ def test_a_reset_starts_a_new_sample_counted_apart_from_splits(tokenizer: Any) -
     first_marker = roles.index(CONTEXT_RESET_ROLE)
     assert roles[first_marker - 1] == "tool"  # the reply of the tool that reset is kept
     assert sum(len(s.input_ids) for s in samples) > len(samples[-1].input_ids)
+
+
+def test_each_context_has_its_own_turn_budget(tokenizer: Any) -> None:
+    # 2 turns a context: 5 turns over 3 contexts fit, none of the contexts uses more than 2.
+    texts = [call("note", text="a"), call("note", text="b"), call("finish", answer="ab")]
+    t = asyncio.run(loop(tokenizer, texts, max_turns=1).run(TASK, 0, None))
+    assert t.status is Status.OK and len(t.turns) == 3 and t.counters["resets"] == 2
+
+
+def test_a_reset_past_max_contexts_truncates(tokenizer: Any) -> None:
+    texts = [call("note", text=str(i)) for i in range(5)]
+    t = asyncio.run(loop(tokenizer, texts, max_turns=1, max_contexts=3).run(TASK, 0, None))
+    assert t.status is Status.TRUNCATED and t.stop_reason is EndReason.MAX_TURNS
+    assert t.counters["resets"] == 2 and len(t.turns) == 3

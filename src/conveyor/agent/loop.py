@@ -18,12 +18,14 @@ Two hooks serve families beyond single-question tasks:
 - a tool may call `ToolContext.reset_context(messages)` (a memory agent's `update_memory`): after
   that turn the history is dropped and a fresh conversation starts from `messages`, as a new
   training sample. Resets are counted in `counters["resets"]`, apart from template `splits`, and
-  `messages` keeps every context, each new one after a `context_reset` marker.
+  `messages` keeps every context, each new one after a `context_reset` marker. Each context has
+  its own `agent.max_turns`; `agent.max_contexts` bounds how many a rollout opens.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -196,7 +198,11 @@ class AgentLoop:
         prompt = ledger.start(task.prompt)
         previous_action: str | None = None
         session = f"{task.id}/{sample_index}"
-        for turn_index in range(cfg.max_turns):
+        context_turns = 0  # turns of the current context: a reset opens a fresh budget
+        for turn_index in itertools.count():
+            if context_turns == cfg.max_turns:
+                break
+            context_turns += 1
             over = self._over_budget(prompt)
             if over is not None:
                 state.status, state.stop_reason = Status.TRUNCATED, over
@@ -260,9 +266,13 @@ class AgentLoop:
                 continue
             fresh = ctx.state.pop(RESET_KEY, None)
             if fresh is not None:
+                if state.counters.get("resets", 0) + 1 >= cfg.max_contexts:
+                    state.status, state.stop_reason = Status.TRUNCATED, EndReason.MAX_TURNS
+                    return
                 ledger = self._reset(state, replies, fresh)
                 prompt = ledger.start(fresh)
                 previous_action = None
+                context_turns = 0
                 continue
             if not parsed.calls and not cfg.hints.enabled:
                 # Without hints nobody will tell the model to use a tool: the text is its answer.
@@ -275,7 +285,7 @@ class AgentLoop:
             fired = hints.hints_for(
                 TurnObservation(
                     turn_index=turn_index,
-                    turns_left=cfg.max_turns - turn_index - 1,
+                    turns_left=cfg.max_turns - context_turns,
                     tool_names=[c.name for c in parsed.calls],
                     action_key=action,
                     parse_errors=parsed.errors,

@@ -143,7 +143,19 @@ class HintsConfig(Section):
 class AgentConfig(Section):
     """Budgets and behaviour of the tool-calling agent loop."""
 
-    max_turns: int = Field(default=8, gt=0, description="Most model turns in one rollout.")
+    max_turns: int = Field(
+        default=8,
+        gt=0,
+        description="Most model turns in one context of a rollout (a tool that resets the "
+        "history, such as the memory family's update_memory, opens a context with a fresh "
+        "budget).",
+    )
+    max_contexts: int = Field(
+        default=128,
+        gt=0,
+        description="Most contexts in one rollout: a history reset past this many ends the "
+        "rollout as truncated.",
+    )
     max_prompt_tokens: int = Field(
         default=3072,
         gt=0,
