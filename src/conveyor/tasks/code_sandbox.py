@@ -230,6 +230,7 @@ def judge(problem_path: str, nonce_fd: int, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     with open(problem_path, encoding="utf-8") as handle:
         problem = json.load(handle)
+    os.unlink(problem_path)  # the tests stay in this (non-dumpable) process only
     sys.set_int_max_str_digits(0)
     worker: Worker | None = None
     try:

@@ -30,7 +30,7 @@ from typing import Any
 from conveyor.agent.tools import Tool, ToolContext, tool, truncate_output
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
-from conveyor.runtime.bubblewrap import bubblewrap_available
+from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
 
@@ -135,6 +135,22 @@ class ExecutorRuntime:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
 
+class HidingBubblewrapRuntime(BubblewrapRuntime):
+    """A `BubblewrapRuntime` whose sandboxes see an empty folder in place of each `hidden` host
+    folder (a tmpfs mounted over it), e.g. a dataset's package that holds the graders' tests."""
+
+    def __init__(self, workspace: Path, *, hidden: Sequence[Path] = (), **kwargs: Any) -> None:
+        super().__init__(workspace, **kwargs)
+        self.hidden = [Path(path) for path in hidden]
+
+    def command_argv(self, command: str) -> list[str]:
+        """The bubblewrap argv with a `--tmpfs` over each hidden folder, after the other mounts."""
+        argv = super().command_argv(command)
+        masks = [arg for path in self.hidden for arg in ("--tmpfs", str(path))]
+        at = argv.index("setpriv")
+        return [*argv[:at], *masks, *argv[at:]]
+
+
 def executor_available(settings: RuntimeConfig | None = None) -> tuple[bool, str]:
     """Whether the executor's runtime kind can run here, and why not (bubblewrap needs `bwrap`,
     `setpriv`, `unshare` and `prlimit`, and a probe sandbox that starts)."""
@@ -155,6 +171,7 @@ async def start_executor_runtime(
     *,
     limits: SandboxLimits | None = None,
     env_dir: Path | bool | None = True,
+    hidden: Sequence[Path] = (),
 ) -> Runtime:
     """A started runtime of `settings.kind` (auto: bubblewrap) over a fresh temporary workspace
     holding `files` (paths relative to the workspace, or absolute under its root), removed on
@@ -162,9 +179,10 @@ async def start_executor_runtime(
 
     `limits`: the sandbox's per-command limits (default `SandboxLimits()`, the SWE ones).
     `env_dir`: the Python environment mounted read-only (`True`: the one Conveyor runs in, see
-    `python_env_dir`; `None`/`False`: the system's `python3`). `ValueError` for a runtime kind
-    the executor cannot use; `RuntimeFailure` (naming what is missing) when the sandbox cannot
-    start here, e.g. without `bwrap`.
+    `python_env_dir`; `None`/`False`: the system's `python3`). `hidden`: host folders the
+    sandbox sees empty (bubblewrap only: `ValueError` for another kind). `ValueError` for a
+    runtime kind the executor cannot use; `RuntimeFailure` (naming what is missing) when the
+    sandbox cannot start here, e.g. without `bwrap`.
     """
     kind = choose_runtime("executor", settings, EXECUTOR_RUNTIMES)
     if kind == "bubblewrap":
@@ -186,7 +204,7 @@ async def start_executor_runtime(
             env_at=_env_at(environment if isinstance(environment, Path) else None),
             limits=limits or SandboxLimits(),
         )
-        inner = build_runtime(kind, request, settings)
+        inner = _build(kind, request, settings, hidden)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
@@ -197,6 +215,26 @@ async def start_executor_runtime(
     except BaseException:
         await runtime.close()
         raise
+    return runtime
+
+
+def _build(
+    kind: str, request: RuntimeRequest, settings: RuntimeConfig, hidden: Sequence[Path]
+) -> Runtime:
+    """The inner runtime: bubblewrap with `hidden` folders masked, or the registry's `kind`."""
+    if kind != "bubblewrap":
+        if hidden:
+            raise ValueError(f"runtime kind {kind!r} cannot hide folders from the code it runs")
+        return build_runtime(kind, request, settings)
+    assert request.workspace is not None
+    runtime = HidingBubblewrapRuntime(
+        request.workspace,
+        hidden=hidden,
+        env_dir=request.env_dir,
+        limits=request.limits,
+        extra_ro_binds=request.read_only,
+    )
+    runtime.extra_env.update(request.env_at(runtime.root))
     return runtime
 
 
