@@ -209,3 +209,19 @@ def test_the_runtime_passes_file_descriptors_and_limits() -> None:
     piped, big = run(check())
     assert piped == "secret"
     assert "MemoryError" in big
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_local_runtime_runs_the_same_tool_without_isolation() -> None:
+    async def check() -> tuple[str, Path]:
+        runtime = await start_executor_runtime(RuntimeConfig(kind="local"), {"a.txt": "given"})
+        assert isinstance(runtime, ExecutorRuntime)
+        try:
+            result = await executor.run_python(runtime, "print(open('a.txt').read())\n6 * 7", 30)
+        finally:
+            await runtime.close()
+        return executor.format_result(result, 1000), runtime.workspace
+
+    output, workspace = run(check())
+    assert output == "given\n42\n[exit code: 0]"
+    assert not workspace.exists()
