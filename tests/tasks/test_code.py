@@ -15,6 +15,7 @@ from conveyor.config import RuntimeConfig, load_config
 from conveyor.tasks.code import (
     CodeFamily,
     Verdict,
+    bare_function,
     candidate_program,
     judge_answer,
     load_problems,
@@ -293,18 +294,24 @@ def test_oracle_scores_one_and_empty_scores_zero_through_the_loop(model_dir: Pat
 
 @pytest.mark.slow
 @needs_sandbox
-def test_every_canonical_solution_passes_and_a_stub_fails() -> None:
-    async def all_problems() -> list[tuple[str, Verdict, Verdict]]:
+def test_every_canonical_solution_and_oracle_answer_passes_and_a_stub_fails() -> None:
+    async def all_problems() -> list[tuple[str, Verdict, Verdict, Verdict]]:
         gate = asyncio.Semaphore(4)
+        settings = RuntimeConfig()
 
-        async def one(problem: dict[str, str]) -> tuple[str, Verdict, Verdict]:
+        async def one(problem: dict[str, str]) -> tuple[str, Verdict, Verdict, Verdict]:
+            oracle = bare_function(
+                problem["prompt"], problem["entry_point"], problem["canonical_solution"]
+            )
             async with gate:
-                right = await judge_answer(problem, problem["canonical_solution"], RuntimeConfig())
-                stub = await judge_answer(problem, "    return None\n", RuntimeConfig())
-            return problem["task_id"], right, stub
+                body = await judge_answer(problem, problem["canonical_solution"], settings)
+                whole = await judge_answer(problem, oracle, settings)
+                stub = await judge_answer(problem, "    return None\n", settings)
+            return problem["task_id"], body, whole, stub
 
         return await asyncio.gather(*(one(p) for p in load_problems()))
 
     results = run(all_problems())
-    assert [(i, r) for i, r, _ in results if not r.passed] == []
-    assert [(i, s) for i, _, s in results if s.passed] == []
+    assert [(i, b) for i, b, _, _ in results if not b.passed] == []
+    assert [(i, w) for i, _, w, _ in results if not w.passed] == []
+    assert [(i, s) for i, _, _, s in results if s.passed] == []

@@ -318,12 +318,21 @@ class CodeFamily:
 
 
 def bare_function(prompt: str, entry_point: str, body: str) -> str:
-    """The definition of `entry_point` from `prompt`'s signature (docstring left out) and `body`;
-    the prompt's imports and helpers are not repeated (the grader puts the prompt first)."""
-    tree = ast.parse(prompt)
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point)
-    lines = prompt.splitlines()
-    signature = lines[node.lineno - 1 : node.body[0].lineno - 1]
-    source = "\n".join(signature) + "\n" + body.rstrip() + "\n"
-    # Written back from its syntax tree: the same code without comments and blank lines.
-    return ast.unparse(ast.parse(source)) + "\n"
+    """The definition of `entry_point` with `body` completing the prompt's stub, its docstring
+    left out and its text written back from the syntax tree (no comments or blank lines); the
+    prompt's module-level imports and helpers are not repeated (the grader puts the prompt
+    first)."""
+    tree = ast.parse(prompt + body)
+    node = next(
+        n for n in reversed(tree.body) if isinstance(n, ast.FunctionDef) and n.name == entry_point
+    )
+    node.body = [
+        statement
+        for statement in node.body
+        if not (
+            isinstance(statement, ast.Expr)
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+        )
+    ] or [ast.Pass()]
+    return ast.unparse(node) + "\n"
