@@ -1,0 +1,597 @@
+"""The terminal family's shipped tasks: shell and Python chores, written as Harbor task folders.
+
+Each chore is a function of a seeded RNG returning one folder's files: `instruction.md`,
+`task.toml`, `environment/Dockerfile` with the starting files under `environment/app/` (copied to
+`/app`), `tests/test.sh` (its checks a Python heredoc) with `tests/expected.json` (the answers, computed
+here from the generated data, so a test never trusts the workspace's own copy of an input) and
+`solution/solve.sh` (which solves any variant of the chore). Variants differ in their data,
+file names and parameters. `python -m conveyor.tasks.terminal_chores OUT` writes every folder
+under `OUT` (the shipped `data/` was made so; a test checks it is unchanged).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+import shutil
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+VARIANTS = 12
+Files = dict[str, str]
+
+_TOML = """version = "1.0"
+
+[metadata]
+author_name = "Conveyor"
+difficulty = "easy"
+category = "{category}"
+tags = {tags}
+
+[verifier]
+timeout_sec = 60.0
+
+[agent]
+timeout_sec = 120.0
+
+[environment]
+build_timeout_sec = 300.0
+cpus = 1
+memory_mb = 1024
+storage_mb = 1024
+"""
+
+_DOCKERFILE = """FROM python:3.11-slim
+WORKDIR /app
+COPY app/ /app/
+"""
+
+# The verifier: check.py's checks (a heredoc, so the data holds no Python module for linters),
+# reward 1 when every one passes, else 0.
+_TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+if python3 - <<'CHECK'
+{check}
+CHECK
+then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+# The head of every check: expected values, and a failure that says what is wrong.
+_CHECK_HEAD = """import csv
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EXPECTED = json.loads(Path("/tests/expected.json").read_text())
+
+
+def fail(message):
+    print("FAIL:", message)
+    sys.exit(1)
+
+
+def read(path):
+    p = Path(path)
+    if not p.is_file():
+        fail(f"{path} does not exist")
+    return p.read_text()
+
+
+def run(argv, stdin=""):
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        fail(f"{argv} timed out")
+
+"""
+
+_WORDS = [
+    "alpha", "bravo", "cedar", "delta", "ember", "fjord", "gamma", "harbor", "iris", "jade",
+    "kilo", "lumen", "maple", "nova", "onyx", "pixel", "quartz", "river", "sierra", "tango",
+]  # fmt: skip
+_SERVICES = ["auth", "billing", "search", "gateway", "mailer", "storage", "reports", "queue"]
+_CITIES = ["Lisbon", "Osaka", "Quito", "Tallinn", "Accra", "Perth", "Bergen", "Cusco"]
+_PEOPLE = ["Ana", "Ben", "Chloe", "Dev", "Eli", "Farah", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea"]
+_REGIONS = ["north", "south", "east", "west", "central"]
+
+
+def _folder(
+    category: str, instruction: str, app: Files, check: str, expected: object, solve: str
+) -> Files:
+    files = {
+        "instruction.md": instruction.strip() + "\n",
+        "task.toml": _TOML.format(category=category, tags=json.dumps(["chore", category])),
+        "environment/Dockerfile": _DOCKERFILE,
+        "tests/test.sh": _TEST_SH.format(check=_CHECK_HEAD + check.strip()),
+        "tests/expected.json": json.dumps(expected, indent=1, sort_keys=True) + "\n",
+        "solution/solve.sh": "#!/bin/bash\nset -euo pipefail\ncd /app\n" + solve.strip() + "\n",
+    }
+    files.update({f"environment/app/{name}": text for name, text in app.items()})
+    return files
+
+
+def log_error_counts(rng: random.Random) -> Files:
+    """Count ERROR lines per service in a log, as JSON."""
+    services = rng.sample(_SERVICES, rng.randint(3, 5))
+    out = rng.choice(["error_counts.json", "errors.json", "summary.json"])
+    lines, counts = [], Counter[str]()
+    for i in range(rng.randint(30, 60)):
+        level = rng.choices(["INFO", "WARN", "ERROR", "DEBUG"], [5, 2, 2, 1])[0]
+        service = rng.choice(services)
+        message = rng.choice(["request done", "retrying", "timeout talking to db", "ERROR budget"])
+        lines.append(
+            f"2024-05-{1 + i // 24:02d}T{i % 24:02d}:{rng.randint(0, 59):02d}:00 "
+            f"{level} {service}: {message}"
+        )
+        counts[service] += level == "ERROR"
+    expected = {s: c for s, c in sorted(counts.items()) if c}
+    instruction = f"""
+The file `/app/app.log` has one event per line: a timestamp, a level (INFO, WARN, ERROR or
+DEBUG), the service name followed by a colon, and a message. Count, for each service, the lines
+whose level is ERROR (a message that merely contains the word does not count). Write the counts
+to `/app/{out}` as a JSON object mapping service name to count; leave out services with no
+ERROR lines.
+"""
+    check = f"""
+got = json.loads(read("/app/{out}"))
+if got != EXPECTED:
+    fail(f"counts {{got}} != {{EXPECTED}}")
+"""
+    solve = f"""
+python3 - <<'EOF'
+import json
+from collections import Counter
+counts = Counter()
+for line in open("app.log"):
+    parts = line.split()
+    if len(parts) >= 3 and parts[1] == "ERROR":
+        counts[parts[2].rstrip(":")] += 1
+json.dump(dict(counts), open("{out}", "w"))
+EOF
+"""
+    return _folder("log-parsing", instruction, {"app.log": "\n".join(lines) + "\n"}, check,
+                   expected, solve)  # fmt: skip
+
+
+def csv_semicolons(rng: random.Random) -> Files:
+    """Turn a semicolon CSV with decimal commas into a plain CSV."""
+    out = rng.choice(["clean.csv", "prices.csv", "fixed.csv"])
+    rows = []
+    for word in rng.sample(_WORDS, rng.randint(5, 9)):
+        price = f"{rng.randint(1, 400)},{rng.randint(0, 99):02d}"
+        rows.append([word, price, str(rng.randint(1, 50))])
+    text = "item;price;qty\n" + "".join(";".join(r) + "\n" for r in rows)
+    expected = [[r[0], r[1].replace(",", "."), r[2]] for r in rows]
+    instruction = f"""
+`/app/data.csv` uses `;` between fields and a decimal comma in prices (`12,50`). Write
+`/app/{out}`: the same header and rows in the same order, with `,` between fields and a decimal
+point in prices (`12.50`).
+"""
+    check = f"""
+rows = list(csv.reader(read("/app/{out}").splitlines()))
+if not rows or rows[0] != ["item", "price", "qty"]:
+    fail(f"bad header {{rows[:1]}}")
+if rows[1:] != EXPECTED:
+    fail(f"rows {{rows[1:]}} != {{EXPECTED}}")
+"""
+    solve = f"""
+python3 - <<'EOF'
+import csv
+rows = [line.rstrip("\\n").split(";") for line in open("data.csv") if line.strip()]
+with open("{out}", "w", newline="") as f:
+    w = csv.writer(f, lineterminator="\\n")
+    w.writerow(rows[0])
+    for item, price, qty in rows[1:]:
+        w.writerow([item, price.replace(",", "."), qty])
+EOF
+"""
+    return _folder("csv", instruction, {"data.csv": text}, check, expected, solve)
+
+
+_MEAN_BUGS = [
+    ("return sum(values) / (len(values) + 1)", "off by one in the count"),
+    ("return sum(values) // len(values)", "integer division"),
+    ("return sum(values[1:]) / len(values)", "skips the first value"),
+]
+
+
+def fix_mean_script(rng: random.Random) -> Files:
+    """Repair a script that prints the wrong mean."""
+    bug, _ = rng.choice(_MEAN_BUGS)
+    script = f'''"""Print the mean of the numbers in a file (one per line), with two decimals."""
+import sys
+
+
+def mean(values):
+    {bug}
+
+
+def main(path):
+    values = [float(line) for line in open(path) if line.strip()]
+    print(f"{{mean(values):.2f}}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+'''
+    cases = []
+    while len(cases) < 3:
+        values = [rng.randint(1, 99) for _ in range(rng.randint(3, 7))]
+        if sum(values) % len(values) == 0:
+            continue  # an integral mean would let integer division pass
+        cases.append({"input": "\n".join(map(str, values)) + "\n",
+                      "output": f"{sum(values) / len(values):.2f}"})  # fmt: skip
+    sample = "\n".join(str(rng.randint(1, 9)) for _ in range(4)) + "\n"
+    instruction = """
+`python3 /app/stats.py FILE` should print the mean of the numbers in FILE (one per line) with
+two decimals, but its answers are wrong. Fix the bug in `/app/stats.py` (keep its interface:
+the file name as the only argument, the mean on standard output). `/app/sample.txt` is an example
+input.
+"""
+    check = """
+for case in EXPECTED:
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(case["input"])
+    done = run(["python3", "/app/stats.py", f.name])
+    if done.stdout.strip() != case["output"]:
+        fail(f"mean of {case['input'].split()} printed {done.stdout.strip()!r}")
+"""
+    solve = """
+python3 - <<'EOF'
+import re
+text = open("stats.py").read()
+fixed = re.sub(r"(def mean\\(values\\):\\n)    return .*\\n",
+               r"\\1    return sum(values) / len(values)\\n", text)
+open("stats.py", "w").write(fixed)
+EOF
+"""
+    return _folder("debugging", instruction, {"stats.py": script, "sample.txt": sample}, check,
+                   cases, solve)  # fmt: skip
+
+
+def rename_extensions(rng: random.Random) -> Files:
+    """Rename every file of one extension to another, keeping contents."""
+    old, new = rng.choice([("txt", "md"), ("log", "txt"), ("jpeg", "jpg"), ("yml", "yaml")])
+    folder = rng.choice(["notes", "docs", "inbox"])
+    names = rng.sample(_WORDS, rng.randint(4, 7))
+    app = {f"{folder}/{n}.{old}": f"{n} {rng.randint(100, 999)}\n" for n in names}
+    keep = f"{folder}/README.rst"
+    app[keep] = "leave me alone\n"
+    expected = {f"{folder}/{n}.{new}": app[f"{folder}/{n}.{old}"] for n in names}
+    expected[keep] = app[keep]
+    instruction = f"""
+In `/app/{folder}`, rename every file ending in `.{old}` so it ends in `.{new}` instead
+(`a.{old}` becomes `a.{new}`), keeping its contents. Leave other files as they are.
+"""
+    check = f"""
+root = Path("/app")
+found = {{str(p.relative_to(root)): p.read_text() for p in (root / "{folder}").rglob("*")
+         if p.is_file()}}
+if found != EXPECTED:
+    fail(f"files {{sorted(found)}} != {{sorted(EXPECTED)}} (or contents changed)")
+"""
+    solve = f"""
+for f in {folder}/*.{old}; do mv -- "$f" "${{f%.{old}}}.{new}"; done
+"""
+    return _folder("files", instruction, app, check, expected, solve)
+
+
+def json_group_by(rng: random.Random) -> Files:
+    """Group records of a JSON list by a field."""
+    cities = rng.sample(_CITIES, rng.randint(3, 4))
+    people = [{"name": n, "city": rng.choice(cities), "age": rng.randint(18, 80)}
+              for n in rng.sample(_PEOPLE, rng.randint(6, 10))]  # fmt: skip
+    out = rng.choice(["by_city.json", "groups.json"])
+    expected: dict[str, list[str]] = {}
+    for p in people:
+        expected.setdefault(str(p["city"]), []).append(str(p["name"]))
+    expected = {c: sorted(n) for c, n in sorted(expected.items())}
+    instruction = f"""
+`/app/people.json` is a JSON list of people (`name`, `city`, `age`). Write `/app/{out}`: a JSON
+object mapping each city to the alphabetically sorted list of the names of the people living
+there.
+"""
+    check = f"""
+got = json.loads(read("/app/{out}"))
+if got != EXPECTED:
+    fail(f"{{got}} != {{EXPECTED}}")
+"""
+    solve = f"""
+python3 - <<'EOF'
+import json
+groups = {{}}
+for p in json.load(open("people.json")):
+    groups.setdefault(p["city"], []).append(p["name"])
+json.dump({{c: sorted(n) for c, n in groups.items()}}, open("{out}", "w"))
+EOF
+"""
+    return _folder("json", instruction, {"people.json": json.dumps(people, indent=1)}, check,
+                   expected, solve)  # fmt: skip
+
+
+def tiny_cli(rng: random.Random) -> Files:
+    """Write a small command-line calculator."""
+    names = rng.choice([("add", "sub", "mul"), ("plus", "minus", "times"), ("sum", "diff", "prod")])
+    script = rng.choice(["calc.py", "arith.py"])
+    cases = []
+    for op, fn in zip(names, (int.__add__, int.__sub__, int.__mul__), strict=True):
+        for _ in range(2):
+            a, b = rng.randint(-50, 50), rng.randint(-50, 50)
+            cases.append({"argv": [op, str(a), str(b)], "output": str(fn(a, b)), "code": 0})
+    cases.append({"argv": ["pow", "2", "3"], "output": None, "code": 2})
+    instruction = f"""
+Write `/app/{script}`, a command-line calculator: `python3 /app/{script} OP A B` takes two
+integers and prints one integer, where OP is `{names[0]}` (A + B), `{names[1]}` (A - B) or
+`{names[2]}` (A * B). For any other OP it prints an error to standard error and exits with
+status 2.
+"""
+    check = f"""
+for case in EXPECTED:
+    done = run(["python3", "/app/{script}", *case["argv"]])
+    if done.returncode != case["code"]:
+        fail(f"{{case['argv']}} exited {{done.returncode}}, expected {{case['code']}}")
+    if case["output"] is not None and done.stdout.strip() != case["output"]:
+        fail(f"{{case['argv']}} printed {{done.stdout.strip()!r}}, expected {{case['output']}}")
+"""
+    solve = f"""
+cat > {script} <<'EOF'
+import sys
+OPS = {{"{names[0]}": lambda a, b: a + b, "{names[1]}": lambda a, b: a - b,
+        "{names[2]}": lambda a, b: a * b}}
+if len(sys.argv) != 4 or sys.argv[1] not in OPS:
+    print("usage: OP A B", file=sys.stderr)
+    sys.exit(2)
+print(OPS[sys.argv[1]](int(sys.argv[2]), int(sys.argv[3])))
+EOF
+"""
+    return _folder("cli", instruction, {"README.txt": "Put the calculator here.\n"}, check,
+                   cases, solve)  # fmt: skip
+
+
+def word_frequency(rng: random.Random) -> Files:
+    """The N most frequent words of a text."""
+    n = rng.randint(3, 5)
+    vocabulary = rng.sample(_WORDS, 10)
+    weights = [rng.randint(1, 30) for _ in vocabulary]
+    words = rng.choices(vocabulary, weights, k=rng.randint(120, 200))
+    text = ""
+    for i, w in enumerate(words):
+        word = w.capitalize() if rng.random() < 0.2 else w
+        separator = rng.choice([" ", " ", ", ", ". ", "\n"]) if i < len(words) - 1 else ""
+        text += word + separator
+    counts = Counter(words)
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    expected = [f"{w} {c}" for w, c in top]
+    instruction = f"""
+Find the {n} most frequent words of `/app/text.txt` (words are runs of letters, compared in
+lower case). Write them to `/app/top.txt`, one per line as `word count`, most frequent first;
+break ties alphabetically.
+"""
+    check = """
+got = [line.strip() for line in read("/app/top.txt").splitlines() if line.strip()]
+if got != EXPECTED:
+    fail(f"{got} != {EXPECTED}")
+"""
+    solve = f"""
+tr -cs 'A-Za-z' '\\n' < text.txt | tr 'A-Z' 'a-z' | grep -v '^$' | sort | uniq -c \\
+  | sort -k1,1nr -k2,2 | head -n {n} | awk '{{print $2, $1}}' > top.txt
+"""
+    return _folder("text", instruction, {"text.txt": text + "\n"}, check, expected, solve)
+
+
+def dedupe_lines(rng: random.Random) -> Files:
+    """Drop repeated lines, keeping the first of each."""
+    pool = [f"{rng.choice(_PEOPLE).lower()}.{w}@example.org" for w in rng.sample(_WORDS, 8)]
+    lines = [rng.choice(pool) for _ in range(rng.randint(20, 30))]
+    src, out = rng.choice([("emails.txt", "unique.txt"), ("contacts.txt", "deduped.txt")])
+    expected = list(dict.fromkeys(lines))
+    instruction = f"""
+`/app/{src}` has one address per line, with repeats. Write `/app/{out}` with each address once,
+in the order of its first appearance.
+"""
+    check = f"""
+got = read("/app/{out}").splitlines()
+if got != EXPECTED:
+    fail(f"{{got}} != {{EXPECTED}}")
+"""
+    solve = f"""
+awk '!seen[$0]++' {src} > {out}
+"""
+    return _folder("text", instruction, {src: "\n".join(lines) + "\n"}, check, expected, solve)
+
+
+def env_merge(rng: random.Random) -> Files:
+    """Merge two KEY=VALUE files, the second winning."""
+    keys = [k.upper() for k in rng.sample(_WORDS, 8)]
+    defaults = {k: str(rng.randint(1, 999)) for k in keys[:6]}
+    override = {k: str(rng.randint(1, 999)) for k in rng.sample(keys[:6], 2) + keys[6:]}
+    merged = {**defaults, **override}
+    expected = [f"{k}={merged[k]}" for k in sorted(merged)]
+
+    def env_file(values: dict[str, str]) -> str:
+        return "# settings\n" + "".join(f"{k}={v}\n" for k, v in values.items())
+
+    instruction = """
+`/app/defaults.env` and `/app/override.env` hold `KEY=VALUE` lines (and `#` comments). Write
+`/app/final.env`: every key of either file once, with the value from `override.env` where it has
+one, else from `defaults.env`; lines sorted by key, no comments, no blank lines.
+"""
+    check = """
+got = read("/app/final.env").splitlines()
+if got != EXPECTED:
+    fail(f"{got} != {EXPECTED}")
+"""
+    solve = """
+python3 - <<'EOF'
+merged = {}
+for name in ("defaults.env", "override.env"):
+    for line in open(name):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            merged[key] = value
+open("final.env", "w").write("".join(f"{k}={merged[k]}\\n" for k in sorted(merged)))
+EOF
+"""
+    app = {"defaults.env": env_file(defaults), "override.env": env_file(override)}
+    return _folder("config", instruction, app, check, expected, solve)
+
+
+def sales_totals(rng: random.Random) -> Files:
+    """Sum a CSV column per group."""
+    regions = rng.sample(_REGIONS, rng.randint(3, 5))
+    rows = [(rng.choice(regions), rng.randint(100, 99999)) for _ in range(rng.randint(15, 30))]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["date", "region", "amount"])
+    for i, (region, cents) in enumerate(rows):
+        writer.writerow([f"2024-03-{1 + i % 28:02d}", region, f"{cents / 100:.2f}"])
+    totals: Counter[str] = Counter()
+    for region, cents in rows:
+        totals[region] += cents
+    expected = [[r, f"{totals[r] / 100:.2f}"] for r in sorted(totals)]
+    instruction = """
+`/app/sales.csv` has columns `date,region,amount`. Write `/app/totals.csv` with the header
+`region,total` and one row per region: the sum of its amounts with two decimals, rows sorted by
+region.
+"""
+    check = """
+rows = list(csv.reader(read("/app/totals.csv").splitlines()))
+if not rows or rows[0] != ["region", "total"]:
+    fail(f"bad header {rows[:1]}")
+if rows[1:] != EXPECTED:
+    fail(f"{rows[1:]} != {EXPECTED}")
+"""
+    solve = """
+python3 - <<'EOF'
+import csv
+from decimal import Decimal
+totals = {}
+for row in csv.DictReader(open("sales.csv")):
+    totals[row["region"]] = totals.get(row["region"], Decimal(0)) + Decimal(row["amount"])
+with open("totals.csv", "w") as f:
+    f.write("region,total\\n")
+    for region in sorted(totals):
+        f.write(f"{region},{totals[region]:.2f}\\n")
+EOF
+"""
+    return _folder("csv", instruction, {"sales.csv": buffer.getvalue()}, check, expected, solve)
+
+
+def largest_file(rng: random.Random) -> Files:
+    """Find the largest file in a tree."""
+    app: Files = {}
+    sizes = rng.sample(range(10, 4000), 9)
+    for size in sizes:
+        folder = "/".join(rng.sample(_WORDS, rng.randint(1, 3)))
+        app[f"files/{folder}/{rng.choice(_WORDS)}{size}.dat"] = "x" * size
+    largest = max(app, key=lambda p: len(app[p]))
+    expected = largest.removeprefix("files/")
+    instruction = """
+Find the largest file (in bytes) anywhere under `/app/files`. Write its path relative to
+`/app/files` (like `a/b/c.dat`) to `/app/largest.txt`, on one line.
+"""
+    check = """
+got = read("/app/largest.txt").strip()
+if got != EXPECTED:
+    fail(f"{got!r} != {EXPECTED!r}")
+"""
+    solve = """
+cd files && find . -type f -printf '%s %P\\n' | sort -n | tail -1 | cut -d' ' -f2- > ../largest.txt
+"""
+    return _folder("files", instruction, app, check, expected, solve)
+
+
+def fix_backup_script(rng: random.Random) -> Files:
+    """Repair a shell script that copies the wrong files."""
+    ext = rng.choice(["conf", "ini", "cfg"])
+    wrong = {"conf": "cnf", "ini": "inf", "cfg": "cgf"}[ext]
+    script = f"""#!/bin/bash
+# Copy every *.{ext} file of SRC (not its sub-folders) into DEST, creating DEST if needed.
+set -e
+SRC="$1"
+DEST="$2"
+cp "$SRC"/*.{wrong} "$DEST"/
+"""
+    names = rng.sample(_WORDS, 4)
+    expected = {"keep": [f"{n}.{ext}" for n in names[:3]], "ignore": [f"{names[3]}.txt"]}
+    instruction = f"""
+`bash /app/backup.sh SRC DEST` should copy every `*.{ext}` file directly in folder SRC into
+folder DEST (creating DEST when it does not exist) and nothing else, but it does not work. Fix
+`/app/backup.sh`.
+"""
+    check = """
+base = Path(tempfile.mkdtemp())
+src, dest = base / "src", base / "out" / "dest"
+src.mkdir()
+for name in EXPECTED["keep"] + EXPECTED["ignore"]:
+    (src / name).write_text(name)
+done = run(["bash", "/app/backup.sh", str(src), str(dest)])
+got = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
+if got != sorted(EXPECTED["keep"]):
+    fail(f"copied {got}, expected {sorted(EXPECTED['keep'])}: {done.stderr}")
+"""
+    solve = f"""
+cat > backup.sh <<'EOF'
+#!/bin/bash
+set -e
+mkdir -p "$2"
+cp "$1"/*.{ext} "$2"/
+EOF
+"""
+    return _folder("debugging", instruction, {"backup.sh": script}, check, expected, solve)
+
+
+CHORES: dict[str, Callable[[random.Random], Files]] = {
+    "log-error-counts": log_error_counts,
+    "csv-semicolons": csv_semicolons,
+    "fix-mean-script": fix_mean_script,
+    "rename-extensions": rename_extensions,
+    "json-group-by": json_group_by,
+    "tiny-calc-cli": tiny_cli,
+    "word-frequency": word_frequency,
+    "dedupe-lines": dedupe_lines,
+    "env-merge": env_merge,
+    "sales-totals": sales_totals,
+    "largest-file": largest_file,
+    "fix-backup-script": fix_backup_script,
+}
+
+
+def all_folders(variants: int = VARIANTS) -> dict[str, Files]:
+    """Every shipped folder's files by folder name (`<chore>-<variant>`), deterministic."""
+    out: dict[str, Files] = {}
+    for chore, make in CHORES.items():
+        for variant in range(variants):
+            out[f"{chore}-{variant:02d}"] = make(random.Random(f"{chore}/{variant}"))
+    return out
+
+
+def write_folders(root: Path, variants: int = VARIANTS) -> list[Path]:
+    """Write every folder under `root` (each replaced whole); shell scripts executable."""
+    written = []
+    for name, folder_files in all_folders(variants).items():
+        folder = root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        for relative, text in folder_files.items():
+            path = folder / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if relative.endswith(".sh"):
+                path.chmod(0o755)
+        written.append(folder)
+    return written
+
+
+if __name__ == "__main__":
+    write_folders(Path(sys.argv[1]))
