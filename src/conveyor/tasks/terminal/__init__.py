@@ -12,8 +12,8 @@ Tools: `bash(command)` (a fresh shell in the task's working folder per call; the
 timeout is the task's `[agent].timeout_sec`, at most `max_command_s`; output truncated to
 `output_chars`) and `finish(answer="")`. Reward: after the rollout, the task's `tests/` run
 against the final state (`run_verifier` / `DockerTaskRuntime.verify`); the agent never sees
-them. Oracle: the folder's `solution/` written to `/tmp/solution` and `solve.sh` run, in one
-`bash` call, then `finish`.
+them. Oracle: the folder's `solution/` written to `/tmp/solution` in `bash` calls of a few hundred
+characters each (a turn's completion budget), `bash /tmp/solution/solve.sh`, then `finish`.
 
 A task's split is a hash of its folder name (`split_of`), so no seed moves it between splits.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import shlex
 import random
 from importlib.resources import files
 from pathlib import Path
@@ -70,6 +71,9 @@ from conveyor.types import Task, ToolCall, Trajectory
 log = logging.getLogger(__name__)
 
 SOLUTION_AT = "/tmp/solution"
+# Characters of a solution file per oracle call: with the call's JSON escaping it stays within
+# the default completion budget (agent.max_completion_tokens: 256) of the embedded tokenizer.
+ORACLE_CHUNK_CHARS = 300
 # Set-up around the verifier's own time limit: the tests' copy and the sandbox's start.
 _GRADING_SETUP_S = 60.0
 _SWEPT: set[Path] = set()
@@ -356,27 +360,34 @@ class TerminalFamily:
         return (await _verify(runtime)).reward
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:
-        """The folder's `solution/` written to `/tmp/solution` and `solve.sh` run, then finish."""
-        harbor = self._harbor(task)
+        """The folder's `solution/` written to `/tmp/solution`, `solve.sh` run, then finish."""
         return [
-            ToolCall(name="bash", arguments={"command": solution_command(harbor)}),
+            *solution_calls(self._harbor(task)),
             ToolCall(name="finish", arguments={"answer": "ran the reference solution"}),
         ]
 
 
-def solution_command(task: HarborTask) -> str:
-    """One bash command that recreates `solution/` under /tmp/solution and runs solve.sh."""
-    lines = [f"rm -rf {SOLUTION_AT} && mkdir -p {SOLUTION_AT}"]
+def solution_calls(task: HarborTask, chunk_chars: int = ORACLE_CHUNK_CHARS) -> list[ToolCall]:
+    """`bash` calls that recreate `solution/` under /tmp/solution, a piece of at most
+    `chunk_chars` characters per call (each call must fit one turn's completion budget), then
+    run `solve.sh`."""
+    calls: list[str] = []
     root = task.solution_dir
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        relative = path.relative_to(root).as_posix()
-        encoded = base64.b64encode(path.read_bytes()).decode()
-        target = f"{SOLUTION_AT}/{relative}"
-        lines.append(
-            f"mkdir -p \"$(dirname '{target}')\" && echo {encoded} | base64 -d > '{target}'"
-        )
-    lines.append(f"bash {SOLUTION_AT}/solve.sh")
-    return "\n".join(lines)
+        target = shlex.quote(f"{SOLUTION_AT}/{path.relative_to(root).as_posix()}")
+        data = path.read_bytes()
+        try:
+            text, decode = data.decode(), ""
+        except UnicodeDecodeError:
+            text, decode = base64.b64encode(data).decode(), " | base64 -d"
+        pieces = [text[i : i + chunk_chars] for i in range(0, len(text), chunk_chars)] or [""]
+        for index, piece in enumerate(pieces):
+            write = f"printf %s {shlex.quote(piece)}{decode} {'>' if index == 0 else '>>'} {target}"
+            if index == 0:
+                write = f'mkdir -p "$(dirname {target})" && {write}'
+            calls.append(write)
+    calls.append(f"bash {SOLUTION_AT}/solve.sh")
+    return [ToolCall(name="bash", arguments={"command": command}) for command in calls]
 
 
 async def _verify(runtime: Runtime) -> VerifierResult:
