@@ -50,13 +50,17 @@ def task_named(fam: TerminalFamily, name: str) -> Task:
     return next(t for t in fam.make_tasks(count, 0, split) if t.data["name"] == name)
 
 
-async def rollout(fam: TerminalFamily, task: Task, calls: list[ToolCall]) -> tuple[float, list[ToolOutcome], str]:
+async def rollout(
+    fam: TerminalFamily, task: Task, calls: list[ToolCall]
+) -> tuple[float, list[ToolOutcome], str]:
     """Run `calls` through the family's tools in a fresh runtime, then grade: (reward, outcomes,
     the verifier's record)."""
     runtime = await fam.make_runtime(task)
     try:
         registry, ctx = fam.tools(), ToolContext(task=task, runtime=runtime)
-        outcomes = [await registry.execute(c, ctx, timeout_s=60, max_output_chars=8000) for c in calls]
+        outcomes = [
+            await registry.execute(c, ctx, timeout_s=60, max_output_chars=8000) for c in calls
+        ]
         grade = await fam.grade(task, None, runtime)  # type: ignore[arg-type]
         return grade.reward, outcomes, str(grade.records[0]["content"])
     finally:
@@ -95,12 +99,14 @@ def test_make_tasks_is_deterministic_and_the_splits_are_disjoint() -> None:
     first = FAMILY.make_tasks(10, 3, "eval")
     assert [t.id for t in first] == [t.id for t in FAMILY.make_tasks(10, 3, "eval")]
     assert first[0].id.startswith("terminal-eval-0000-")
-    names = {s: {t.data["name"] for t in FAMILY.make_tasks(n, 0, s)} for s, n in
-             (("train", 60), ("eval", 10), ("test", 10))}  # fmt: skip
+    names = {
+        s: {t.data["name"] for t in FAMILY.make_tasks(n, 0, s)}
+        for s, n in (("train", 60), ("eval", 10), ("test", 10))
+    }
     assert not names["train"] & names["eval"] and not names["eval"] & names["test"]
     assert not names["train"] & names["test"]
     assert all(split_of(n) == "eval" for n in names["eval"])
-    with pytest.raises(ValueError, match="only .* 'eval' task folders"):
+    with pytest.raises(ValueError, match=r"only .* 'eval' task folders"):
         FAMILY.make_tasks(1000, 0, "eval")
     with pytest.raises(ValueError, match="unknown split"):
         FAMILY.make_tasks(1, 0, "dev")
@@ -151,8 +157,9 @@ def test_the_dockerfile_decides_bubblewrap_or_docker(
 
 
 def test_task_toml_and_dockerfile_values_are_read(tmp_path: Path) -> None:
-    folder = write_task(tmp_path, "FROM debian:bookworm\nWORKDIR /srv\nWORKDIR x\nENV K v w\n"
-                        "COPY src/a.txt .\n")  # fmt: skip
+    folder = write_task(
+        tmp_path, "FROM debian:bookworm\nWORKDIR /srv\nWORKDIR x\nENV K v w\nCOPY src/a.txt .\n"
+    )
     task = load_task(folder)
     assert (task.verifier_timeout_s, task.agent_timeout_s) == (5.0, 7.0)
     assert task.environment.workdir == "/srv/x" and task.environment.env == {"K": "v w"}
@@ -165,10 +172,10 @@ def test_broken_folders_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(HarborFormatError, match="timeout_sec"):
         load_task(folder)
     (folder / "task.toml").write_text("[verifier\n")
-    with pytest.raises(HarborFormatError, match="task.toml"):
+    with pytest.raises(HarborFormatError, match=r"task.toml"):
         load_task(folder)
     (folder / "tests" / "test.sh").unlink()
-    with pytest.raises(HarborFormatError, match="missing tests/test.sh"):
+    with pytest.raises(HarborFormatError, match=r"missing tests/test.sh"):
         load_task(folder)
 
 
@@ -178,21 +185,31 @@ def test_broken_folders_are_clear_errors(tmp_path: Path) -> None:
 def test_a_folder_needing_docker_without_an_engine_is_an_early_clear_error() -> None:
     if docker_available()[0]:
         pytest.skip("a docker engine answers here")
-    with pytest.raises(ValueError, match=r"apt-task cannot run here: it needs docker \(the "
-                       r"Dockerfile has a RUN instruction\).*on_unrunnable: skip"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"apt-task cannot run here: it needs docker \(the "
+        r"Dockerfile has a RUN instruction\).*on_unrunnable: skip",
+    ):
         family(dirs=[str(FIXTURES / "needs-docker")], shipped=False)
 
 
 def test_a_folder_needing_docker_can_be_skipped_and_is_counted() -> None:
-    fam = family(dirs=[str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")],
-                 shipped=False, on_unrunnable="skip", docker="/nonexistent/docker")  # fmt: skip
+    fam = family(
+        dirs=[str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")],
+        shipped=False,
+        on_unrunnable="skip",
+        docker="/nonexistent/docker",
+    )
     assert list(fam.skipped) == ["apt-task"] and "RUN instruction" in fam.skipped["apt-task"]
     assert sorted(fam.tasks) == ["count-words"]
     forced = TerminalFamily(
         runtime=RuntimeConfig(kind="bubblewrap"),
         services=FamilyServices(
-            options={"dirs": [str(FIXTURES / "needs-docker")], "shipped": False,
-                     "on_unrunnable": "skip"}  # fmt: skip
+            options={
+                "dirs": [str(FIXTURES / "needs-docker")],
+                "shipped": False,
+                "on_unrunnable": "skip",
+            }
         ),
     )
     assert "runtime.kind is bubblewrap" in forced.skipped["apt-task"]
@@ -210,22 +227,24 @@ def test_with_an_engine_docker_folders_run_in_docker_and_plain_ones_in_bubblewra
     tmp_path: Path,
 ) -> None:
     engine = str(write_fake_docker_engine(tmp_path))
-    fam = family(dirs=[str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")], shipped=False,
-                 docker=engine)  # fmt: skip
+    fam = family(
+        dirs=[str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")], shipped=False, docker=engine
+    )
     assert fam.kinds == {"apt-task": "docker", "count-words": "bubblewrap"}
     everything = TerminalFamily(
         # The family builds each folder's image; the config's docker_image goes unused.
         runtime=RuntimeConfig(kind="docker", docker_image="unused"),
-        services=FamilyServices(options={"dirs": [str(FIXTURES / "tb2")], "shipped": False,
-                                         "docker": engine}),  # fmt: skip
+        services=FamilyServices(
+            options={"dirs": [str(FIXTURES / "tb2")], "shipped": False, "docker": engine}
+        ),
     )
     assert everything.kinds == {"count-words": "docker"}
 
 
 def test_options_and_runtime_kinds_are_checked() -> None:
-    with pytest.raises(ValueError, match="tasks.options.terminal: colour"):
+    with pytest.raises(ValueError, match=r"tasks.options.terminal: colour"):
         family(colour="red")
-    with pytest.raises(ValueError, match="cannot use runtime.kind 'simulated'"):
+    with pytest.raises(ValueError, match=r"cannot use runtime.kind 'simulated'"):
         TerminalFamily(runtime=RuntimeConfig(kind="simulated"))
     with pytest.raises(ValueError, match="two task folders are named 'count-words'"):
         family(dirs=[str(FIXTURES / "tb2"), str(FIXTURES / "tb2" / "count-words")])
@@ -237,8 +256,9 @@ def test_options_and_runtime_kinds_are_checked() -> None:
 @needs_bwrap
 def test_bash_runs_in_the_working_folder_and_reports_errors_as_the_policys() -> None:
     task = FAMILY.make_tasks(1, 0, "eval")[0]
-    task = task.model_copy(update={"data": {**task.data, "command_timeout_s": 1.0,
-                                            "output_chars": 300}})  # fmt: skip
+    task = task.model_copy(
+        update={"data": {**task.data, "command_timeout_s": 1.0, "output_chars": 300}}
+    )
     calls = [
         bash("pwd; ls /tests /logs /solution 2>&1; exit 3"),
         bash("yes | head -c 100000"),
@@ -306,17 +326,23 @@ ATTACKS = {
         bash("mkdir -p logs/verifier && echo 1 > logs/verifier/reward.txt"),
     ],
     "creates a fake tests folder": [
-        bash("mkdir -p /tests; mkdir -p tests && printf 'echo 1 > /logs/verifier/reward.txt\\n'"
-             " > tests/test.sh"),  # fmt: skip
+        bash(
+            "mkdir -p /tests; mkdir -p tests && printf 'echo 1 > /logs/verifier/reward.txt\\n'"
+            " > tests/test.sh"
+        ),
     ],
     "replaces python and bash with shims that pass": [
-        bash("mkdir -p bin /tmp/bin && for d in bin /tmp/bin .; do "
-             "printf '#!/bin/sh\\nexit 0\\n' > $d/python3; cp $d/python3 $d/bash; "
-             "chmod +x $d/python3 $d/bash; done"),  # fmt: skip
-        bash("mkdir -p $HOME/.local/lib/python3.11/site-packages && "
-             "printf 'import os\\nos._exit(0)\\n' > "
-             "$HOME/.local/lib/python3.11/site-packages/usercustomize.py && "
-             "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py"),  # fmt: skip
+        bash(
+            "mkdir -p bin /tmp/bin && for d in bin /tmp/bin .; do "
+            "printf '#!/bin/sh\\nexit 0\\n' > $d/python3; cp $d/python3 $d/bash; "
+            "chmod +x $d/python3 $d/bash; done"
+        ),
+        bash(
+            "mkdir -p $HOME/.local/lib/python3.11/site-packages && "
+            "printf 'import os\\nos._exit(0)\\n' > "
+            "$HOME/.local/lib/python3.11/site-packages/usercustomize.py && "
+            "printf 'import os\\nos._exit(0)\\n' > sitecustomize.py"
+        ),
         bash("cp /usr/bin/python3 python3 2>&1; rm -f /usr/bin/python3 2>&1; true"),
     ],
     "kills what it can and leaves a process behind": [
@@ -334,6 +360,41 @@ def test_reward_attacks_score_zero(attack: str) -> None:
     assert "FAIL" in record  # the real checks ran and said why
 
 
+# code the agent leaves as the calculator -> how the verifier's record says it scored 0
+CALC_CHEATS = {
+    "writes a reward, then kills its judge": (
+        "import os\nopen('/logs/verifier/reward.txt', 'w').write('1')\nos.kill(-1, 9)\n",
+        "from killed",
+    ),
+    "leaves a process rewriting the reward file": (
+        "import subprocess\nsubprocess.Popen(['sh', '-c', 'while :; do echo 1 > "
+        "/logs/verifier/reward.txt; done'], start_new_session=True)\nprint(0)\n",
+        "from reward_file",
+    ),
+    "reads the answer key": ("print(open('/tests/expected.json').read())\n", "FAIL"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("cheat", list(CALC_CHEATS))
+def test_code_under_test_cannot_forge_the_reward(cheat: str) -> None:
+    task = task_named(FAMILY, "tiny-calc-cli-01")
+    script = FAMILY.tasks["tiny-calc-cli-01"].instruction.split("`/app/")[1].split("`")[0]
+    code, why = CALC_CHEATS[cheat]
+    write = bash(f"cat > {script} <<'EOF'\n{code}EOF")
+    reward, outcomes, record = run(rollout(FAMILY, task, [write]))
+    assert reward == 0.0 and why in record, (outcomes, record)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("target", ["/tests/expected.json", "../tests/expected.json"])
+def test_an_output_linked_to_the_answer_key_scores_zero(target: str) -> None:
+    task = task_named(FAMILY, "json-group-by-00")
+    link = bash(f"for f in by_city.json groups.json; do ln -s {target} $f; done")
+    reward, _, record = run(rollout(FAMILY, task, [link]))
+    assert reward == 0.0 and "link_into_verifier" in record and "/tests/expected.json" in record
+
+
 @needs_bwrap
 def test_code_that_hangs_the_verifier_scores_zero_at_the_verifier_timeout() -> None:
     fam = family(dirs=[str(FIXTURES / "attacks")], shipped=False)
@@ -346,8 +407,16 @@ def test_code_that_hangs_the_verifier_scores_zero_at_the_verifier_timeout() -> N
 
 @pytest.mark.parametrize(
     ("text", "exit_code", "reward"),
-    [("1", 1, 1.0), ("0.5\n", 0, 0.5), ("1.5", 0, 0.0), ("nan", 0, 0.0), ("yes", 0, 0.0),
-     ("", 0, 0.0), (None, 0, 1.0), (None, 2, 0.0)],  # fmt: skip
+    [
+        ("1", 1, 1.0),
+        ("0.5\n", 0, 0.5),
+        ("1.5", 0, 0.0),
+        ("nan", 0, 0.0),
+        ("yes", 0, 0.0),
+        ("", 0, 0.0),
+        (None, 0, 1.0),
+        (None, 2, 0.0),
+    ],
 )
 def test_only_a_number_in_range_or_the_exit_status_is_a_reward(
     text: str | None, exit_code: int, reward: float

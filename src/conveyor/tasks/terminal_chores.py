@@ -2,11 +2,13 @@
 
 Each chore is a function of a seeded RNG returning one folder's files: `instruction.md`,
 `task.toml`, `environment/Dockerfile` with the starting files under `environment/app/` (copied to
-`/app`), `tests/test.sh` (its checks a Python heredoc) with `tests/expected.json` (the answers, computed
-here from the generated data, so a test never trusts the workspace's own copy of an input) and
-`solution/solve.sh` (which solves any variant of the chore). Variants differ in their data,
-file names and parameters. `python -m conveyor.tasks.terminal_chores OUT` writes every folder
-under `OUT` (the shipped `data/` was made so; a test checks it is unchanged).
+`/app`), `tests/test.sh` (its checks a Python heredoc) with `tests/expected.json` (the answers,
+computed here from the generated data, so a check never trusts the workspace's copy of an input;
+code under test gets inputs drawn at verification time instead) and `solution/solve.sh` (which
+solves any variant of the chore). No file of the data is a Python module (so linters skip them).
+Variants differ in their data, file names and parameters. `python -m
+conveyor.tasks.terminal_chores OUT` writes every folder under `OUT` (the shipped `data/` was
+made so; a test checks it is unchanged).
 """
 
 from __future__ import annotations
@@ -50,14 +52,18 @@ WORKDIR /app
 COPY app/ /app/
 """
 
-# The verifier: check.py's checks (a heredoc, so the data holds no Python module for linters),
+# The verifier: the checks (a Python heredoc, so the data holds no module for linters to read),
 # reward 1 when every one passes, else 0.
 _TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
-if python3 - <<'CHECK'
+python3 - <<'CHECK'
 {check}
 CHECK
-then
+status=$?
+# Nothing the checks ran (code under test, or what it left running) outlives them to touch
+# the reward file.
+kill -9 -1 2>/dev/null
+if [ "$status" -eq 0 ]; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
@@ -66,13 +72,17 @@ fi
 
 # The head of every check: expected values, and a failure that says what is wrong.
 _CHECK_HEAD = """import csv
+import ctypes
 import json
+import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 EXPECTED = json.loads(Path("/tests/expected.json").read_text())
+RNG = random.SystemRandom()  # inputs for code under test: drawn now, stored nowhere
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: code under test cannot ptrace us
 
 
 def fail(message):
@@ -82,6 +92,8 @@ def fail(message):
 
 def read(path):
     p = Path(path)
+    if p.is_symlink():
+        fail(f"{path} is a symbolic link, not a file")
     if not p.is_file():
         fail(f"{path} does not exist")
     return p.read_text()
@@ -224,39 +236,35 @@ def main(path):
 if __name__ == "__main__":
     main(sys.argv[1])
 '''
-    cases = []
-    while len(cases) < 3:
-        values = [rng.randint(1, 99) for _ in range(rng.randint(3, 7))]
-        if sum(values) % len(values) == 0:
-            continue  # an integral mean would let integer division pass
-        cases.append({"input": "\n".join(map(str, values)) + "\n",
-                      "output": f"{sum(values) / len(values):.2f}"})  # fmt: skip
     sample = "\n".join(str(rng.randint(1, 9)) for _ in range(4)) + "\n"
     instruction = """
-`python3 /app/stats.py FILE` should print the mean of the numbers in FILE (one per line) with
-two decimals, but its answers are wrong. Fix the bug in `/app/stats.py` (keep its interface:
+`python3 /app/stats FILE` should print the mean of the numbers in FILE (one per line) with
+two decimals, but its answers are wrong. Fix the bug in `/app/stats` (keep its interface:
 the file name as the only argument, the mean on standard output). `/app/sample.txt` is an example
 input.
 """
     check = """
-for case in EXPECTED:
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(case["input"])
-    done = run(["python3", "/app/stats.py", f.name])
-    if done.stdout.strip() != case["output"]:
-        fail(f"mean of {case['input'].split()} printed {done.stdout.strip()!r}")
+for _ in range(3):
+    values = [RNG.randint(1, 99) for _ in range(RNG.randint(3, 7))]
+    if sum(values) % len(values) == 0:
+        values.append(1 if (sum(values) + 1) % (len(values) + 1) else 2)
+    path = Path(tempfile.mkdtemp()) / "numbers.txt"
+    path.write_text("\\n".join(map(str, values)) + "\\n")
+    done = run(["python3", "/app/stats", str(path)])
+    if done.stdout.strip() != f"{sum(values) / len(values):.2f}":
+        fail(f"mean of {values} printed {done.stdout.strip()!r}")
 """
     solve = """
 python3 - <<'EOF'
 import re
-text = open("stats.py").read()
+text = open("stats").read()
 fixed = re.sub(r"(def mean\\(values\\):\\n)    return .*\\n",
                r"\\1    return sum(values) / len(values)\\n", text)
-open("stats.py", "w").write(fixed)
+open("stats", "w").write(fixed)
 EOF
 """
-    return _folder("debugging", instruction, {"stats.py": script, "sample.txt": sample}, check,
-                   cases, solve)  # fmt: skip
+    app = {"stats": script, "sample.txt": sample}
+    return _folder("debugging", instruction, app, check, {"bug": bug}, solve)
 
 
 def rename_extensions(rng: random.Random) -> Files:
@@ -323,12 +331,6 @@ def tiny_cli(rng: random.Random) -> Files:
     """Write a small command-line calculator."""
     names = rng.choice([("add", "sub", "mul"), ("plus", "minus", "times"), ("sum", "diff", "prod")])
     script = rng.choice(["calc.py", "arith.py"])
-    cases = []
-    for op, fn in zip(names, (int.__add__, int.__sub__, int.__mul__), strict=True):
-        for _ in range(2):
-            a, b = rng.randint(-50, 50), rng.randint(-50, 50)
-            cases.append({"argv": [op, str(a), str(b)], "output": str(fn(a, b)), "code": 0})
-    cases.append({"argv": ["pow", "2", "3"], "output": None, "code": 2})
     instruction = f"""
 Write `/app/{script}`, a command-line calculator: `python3 /app/{script} OP A B` takes two
 integers and prints one integer, where OP is `{names[0]}` (A + B), `{names[1]}` (A - B) or
@@ -336,12 +338,15 @@ integers and prints one integer, where OP is `{names[0]}` (A + B), `{names[1]}` 
 status 2.
 """
     check = f"""
-for case in EXPECTED:
-    done = run(["python3", "/app/{script}", *case["argv"]])
-    if done.returncode != case["code"]:
-        fail(f"{{case['argv']}} exited {{done.returncode}}, expected {{case['code']}}")
-    if case["output"] is not None and done.stdout.strip() != case["output"]:
-        fail(f"{{case['argv']}} printed {{done.stdout.strip()!r}}, expected {{case['output']}}")
+ops = dict(zip(EXPECTED["ops"], (int.__add__, int.__sub__, int.__mul__)))
+cases = [(op, RNG.randint(-99, 99), RNG.randint(-99, 99)) for op in ops for _ in range(2)]
+for op, a, b in cases:
+    done = run(["python3", "/app/{script}", op, str(a), str(b)])
+    if done.returncode != 0 or done.stdout.strip() != str(ops[op](a, b)):
+        fail(f"{{op}} {{a}} {{b}} printed {{done.stdout.strip()!r}} (exit {{done.returncode}})")
+done = run(["python3", "/app/{script}", "pow", "2", "3"])
+if done.returncode != 2:
+    fail(f"an unknown operation exited {{done.returncode}}, expected 2")
 """
     solve = f"""
 cat > {script} <<'EOF'
@@ -354,8 +359,8 @@ if len(sys.argv) != 4 or sys.argv[1] not in OPS:
 print(OPS[sys.argv[1]](int(sys.argv[2]), int(sys.argv[3])))
 EOF
 """
-    return _folder("cli", instruction, {"README.txt": "Put the calculator here.\n"}, check,
-                   cases, solve)  # fmt: skip
+    app = {"README.txt": "Put the calculator here.\n"}
+    return _folder("cli", instruction, app, check, {"ops": list(names)}, solve)
 
 
 def word_frequency(rng: random.Random) -> Files:
@@ -523,8 +528,7 @@ SRC="$1"
 DEST="$2"
 cp "$SRC"/*.{wrong} "$DEST"/
 """
-    names = rng.sample(_WORDS, 4)
-    expected = {"keep": [f"{n}.{ext}" for n in names[:3]], "ignore": [f"{names[3]}.txt"]}
+    expected = {"ext": ext}
     instruction = f"""
 `bash /app/backup.sh SRC DEST` should copy every `*.{ext}` file directly in folder SRC into
 folder DEST (creating DEST when it does not exist) and nothing else, but it does not work. Fix
@@ -533,13 +537,15 @@ folder DEST (creating DEST when it does not exist) and nothing else, but it does
     check = """
 base = Path(tempfile.mkdtemp())
 src, dest = base / "src", base / "out" / "dest"
-src.mkdir()
-for name in EXPECTED["keep"] + EXPECTED["ignore"]:
+(src / "sub").mkdir(parents=True)
+names = RNG.sample(["a", "b", "c", "d", "e", "f", "g", "h"], 5)
+keep = [f"{n}.{EXPECTED['ext']}" for n in names[:3]]
+for name in [*keep, f"{names[3]}.txt", f"sub/{names[4]}.{EXPECTED['ext']}"]:
     (src / name).write_text(name)
 done = run(["bash", "/app/backup.sh", str(src), str(dest)])
 got = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
-if got != sorted(EXPECTED["keep"]):
-    fail(f"copied {got}, expected {sorted(EXPECTED['keep'])}: {done.stderr}")
+if got != sorted(keep):
+    fail(f"copied {got}, expected {sorted(keep)}: {done.stderr}")
 """
     solve = f"""
 cat > backup.sh <<'EOF'

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import base64
 import logging
-import shlex
 import random
+import shlex
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal

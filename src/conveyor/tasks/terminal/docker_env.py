@@ -5,7 +5,9 @@ hash of the folder, so a rebuild is a cache hit) and runs one container of it pe
 `conveyor.runtime.docker.DockerRuntime` (no network, no capabilities, limits). `verify` grades
 after the rollout: every process the agent left in the container is killed (`kill -9 -1`: only
 the container's init survives), `/tests` and `/logs` are emptied, `tests/` is copied in with
-`docker cp`, `bash /tests/test.sh` runs under the verifier timeout, and the reward file is read.
+`docker cp`, `bash /tests/test.sh` runs under the verifier timeout, and the reward file is read
+(a verifier killed by a signal scores 0, as in bubblewrap; the workspace-link guard is
+bubblewrap's only, since the container's files are not on this host).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from conveyor.runtime.base import ExecResult, RuntimeFailure
 from conveyor.runtime.docker import DockerRuntime
 from conveyor.runtime.limits import SandboxLimits, run_limited
 from conveyor.tasks.terminal.harbor import HarborTask
-from conveyor.tasks.terminal.sandbox import VerifierResult, reward_from
+from conveyor.tasks.terminal.sandbox import KILLED, VerifierResult, reward_from
 
 _BUILD_TIMEOUT_S = 1800.0
 _NO_REWARD = "__no_reward_file__"
@@ -85,6 +87,8 @@ class DockerTaskRuntime(DockerRuntime):
         output = (result.stdout + result.stderr)[-4000:]
         if result.timed_out:
             return VerifierResult(0.0, "timeout", result.exit_code, output)
+        if result.exit_code >= KILLED:
+            return VerifierResult(0.0, "killed", result.exit_code, output)
         return _reward(await self.exec(_read_reward(), 30), result.exit_code, output)
 
 

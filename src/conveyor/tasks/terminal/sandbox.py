@@ -10,13 +10,16 @@ private `/tmp` (so nothing planted there, e.g. a `usercustomize` under `$HOME`, 
 the task's `tests/` copied from the task folder to a new host folder mounted read-only at
 `/tests`, and a new empty host folder at `/logs`; then `bash /tests/test.sh` under the verifier
 timeout. The reward is `/logs/verifier/reward.txt` (one number in [0, 1]) or, where the script
-wrote none, its exit status (0 is a pass). A timeout scores 0.
+wrote none, its exit status (0 is a pass). A timeout scores 0, and so does a verifier killed by a
+signal (code under test could write a reward, then kill its judge) and a workspace holding a
+symbolic link into `/tests`, `/logs` or `/proc` (an output file that is really the answer key).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -31,6 +34,10 @@ from conveyor.runtime.workspace_files import WorkspaceFiles
 from conveyor.tasks.terminal.harbor import EnvironmentPlan, HarborTask
 
 REWARD_FILE = "verifier/reward.txt"
+# Where a workspace link must not point when the verifier reads the workspace.
+_GUARDED = ("/tests", "/logs", "/proc", "/dev/fd", "/dev/stdin")
+# An exit code from this up is a death by a signal (128 + its number).
+KILLED = 128
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Read-only mount of a folder holding `python` -> python3 (the python images have both names).
 _SHIMS_AT = "/opt/conveyor-terminal/bin"
@@ -168,6 +175,9 @@ async def run_verifier(
     task: HarborTask, workspace: Path, limits: SandboxLimits | None = None
 ) -> VerifierResult:
     """Grade `workspace` with the task's tests in a fresh sandbox (see the module doc)."""
+    link = link_into_verifier(workspace, task.environment.workdir)
+    if link is not None:
+        return VerifierResult(0.0, "link_into_verifier", -1, link)
     scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=cache_root()))
     try:
         tests, logs = scratch / "tests", scratch / "logs"
@@ -188,9 +198,28 @@ async def run_verifier(
         output = (result.stdout + result.stderr)[-4000:]
         if result.timed_out:
             return VerifierResult(0.0, "timeout", result.exit_code, output)
+        if result.exit_code >= KILLED:
+            # Killed by a signal (code it ran may kill it after writing a reward): no verdict.
+            return VerifierResult(0.0, "killed", result.exit_code, output)
         return _reward(logs / REWARD_FILE, result.exit_code, output)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def link_into_verifier(workspace: Path, workdir: str) -> str | None:
+    """The first symbolic link of the workspace that points, as the sandbox sees it, into the
+    verifier's folders (`/tests`, `/logs`) or `/proc` (an output "file" that is really the
+    expected answer), described; None when there is none."""
+    for folder, names, files in os.walk(workspace):
+        for name in [*names, *files]:
+            path = Path(folder, name)
+            if not path.is_symlink():
+                continue
+            inside = PurePosixPath(workdir, path.relative_to(workspace).as_posix())
+            target = posixpath.normpath(posixpath.join(str(inside.parent), os.readlink(path)))
+            if any(target == root or target.startswith(root + "/") for root in _GUARDED):
+                return f"{inside} links to {target}"
+    return None
 
 
 def _reward(path: Path, exit_code: int, output: str) -> VerifierResult:
