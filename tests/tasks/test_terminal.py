@@ -241,6 +241,58 @@ def test_with_an_engine_docker_folders_run_in_docker_and_plain_ones_in_bubblewra
     assert everything.kinds == {"count-words": "docker"}
 
 
+def write_recording_docker_engine(folder: Path, reward: str, test_exit: int) -> Path:
+    """A fake docker engine (client and daemon in one script): it records every call in
+    `calls.log`, builds and runs nothing, and answers the verifier's commands: `test.sh` exits
+    with `test_exit`, the reward file holds `reward`."""
+    log = folder / "calls.log"
+    engine = folder / "FakeDockerEngine"
+    engine.write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >> {log}\n'
+        'case "$1" in\n'
+        "  info) echo 27.0-fake ;;\n"
+        "  build|run) echo sha256:fake ;;\n"
+        '  exec) case "$*" in\n'
+        f"    *'bash /tests/test.sh'*) exit {test_exit} ;;\n"
+        f"    *reward.txt*) echo {reward} ;;\n"
+        "  esac ;;\n"
+        "esac\n"
+    )
+    engine.chmod(0o755)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("reward", "test_exit", "expected", "source"),
+    [("1", 0, 1.0, "reward_file"), ("1", 137, 0.0, "killed"), ("2", 0, 0.0, "bad_reward_file")],
+)
+def test_docker_runtime_builds_runs_and_verifies_in_order(
+    tmp_path: Path, reward: str, test_exit: int, expected: float, source: str
+) -> None:
+    from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
+
+    engine = write_recording_docker_engine(tmp_path, reward, test_exit)
+    fam = family(dirs=[str(FIXTURES / "needs-docker")], shipped=False, docker=str(engine))
+    task = fam.make_tasks(1, 0, split_of("apt-task"))[0]
+    runtime = run(fam.make_runtime(task))
+    assert isinstance(runtime, DockerTaskRuntime) and runtime.root == "/app"
+    grade = run(fam.grade(task, None, runtime))  # type: ignore[arg-type]
+    run(runtime.close())
+    assert grade.reward == expected and f"from {source}" in str(grade.records[0]["content"])
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    verbs = [c.split()[0] for c in calls if c.split()[0] != "info"]
+    assert verbs[:2] == ["build", "run"] and verbs[-1] == "rm"
+    order = [
+        next(i for i, c in enumerate(calls) if key in c)
+        for key in ("kill -9 -1", "rm -rf /tests /logs", "cp ", "bash /tests/test.sh")
+    ]
+    assert order == sorted(order)  # leftovers killed, then fresh /tests, then the tests run
+    assert f"{FIXTURES / 'needs-docker' / 'apt-task' / 'tests'}/." in calls[order[2]]
+    run_call = next(c for c in calls if c.startswith("run "))
+    assert "--network none" in run_call and "--cap-drop ALL" in run_call
+
+
 def test_options_and_runtime_kinds_are_checked() -> None:
     with pytest.raises(ValueError, match=r"tasks.options.terminal: colour"):
         family(colour="red")
