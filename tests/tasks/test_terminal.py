@@ -346,6 +346,7 @@ def test_oracle_scores_one_and_doing_nothing_zero() -> None:
 
 
 @needs_bwrap
+@pytest.mark.slow
 def test_tasks_check_through_the_real_loop(model_dir: Path) -> None:
     from conveyor.app.families import check_family
     from conveyor.config import load_config
@@ -420,7 +421,8 @@ CALC_CHEATS = {
     ),
     "leaves a process rewriting the reward file": (
         "import subprocess\nsubprocess.Popen(['sh', '-c', 'while :; do echo 1 > "
-        "/logs/verifier/reward.txt; done'], start_new_session=True)\nprint(0)\n",
+        "/logs/verifier/reward.txt; done'], start_new_session=True, stdin=subprocess.DEVNULL, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint(0)\n",
         "from reward_file",
     ),
     "reads the answer key": ("print(open('/tests/expected.json').read())\n", "FAIL"),

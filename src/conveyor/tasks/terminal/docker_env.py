@@ -87,7 +87,7 @@ class DockerTaskRuntime(DockerRuntime):
         output = (result.stdout + result.stderr)[-4000:]
         if result.timed_out:
             return VerifierResult(0.0, "timeout", result.exit_code, output)
-        if result.exit_code >= KILLED:
+        if result.exit_code >= KILLED or result.exit_code < 0:
             return VerifierResult(0.0, "killed", result.exit_code, output)
         return _reward(await self.exec(_read_reward(), 30), result.exit_code, output)
 

@@ -198,7 +198,7 @@ async def run_verifier(
         output = (result.stdout + result.stderr)[-4000:]
         if result.timed_out:
             return VerifierResult(0.0, "timeout", result.exit_code, output)
-        if result.exit_code >= KILLED:
+        if result.exit_code >= KILLED or result.exit_code < 0:
             # Killed by a signal (code it ran may kill it after writing a reward): no verdict.
             return VerifierResult(0.0, "killed", result.exit_code, output)
         return _reward(logs / REWARD_FILE, result.exit_code, output)
