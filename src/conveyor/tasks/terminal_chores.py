@@ -52,11 +52,12 @@ WORKDIR /app
 COPY app/ /app/
 """
 
-# The verifier: the checks (a Python heredoc, so the data holds no module for linters to read),
+# The verifier: the checks (a Python heredoc, so the data holds no module for linters to read;
+# `-I`: isolated, so modules the agent leaves in the working folder cannot shadow the stdlib),
 # reward 1 when every one passes, else 0.
 _TEST_SH = """#!/bin/bash
 mkdir -p /logs/verifier
-python3 - <<'CHECK'
+python3 -I - <<'CHECK'
 {check}
 CHECK
 status=$?

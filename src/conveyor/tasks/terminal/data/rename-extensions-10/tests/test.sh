@@ -1,6 +1,6 @@
 #!/bin/bash
 mkdir -p /logs/verifier
-python3 - <<'CHECK'
+python3 -I - <<'CHECK'
 import csv
 import ctypes
 import json
