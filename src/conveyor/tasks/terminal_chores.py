@@ -1,14 +1,15 @@
 """The terminal family's shipped tasks: shell and Python chores, written as Harbor task folders.
 
-Each chore is a function of a seeded RNG returning one folder's files: `instruction.md`,
-`task.toml`, `environment/Dockerfile` with the starting files under `environment/app/` (copied to
-`/app`), `tests/test.sh` (its checks a Python heredoc) with `tests/expected.json` (the answers,
-computed here from the generated data, so a check never trusts the workspace's copy of an input;
-code under test gets inputs drawn at verification time instead) and `solution/solve.sh` (which
-solves any variant of the chore). No file of the data is a Python module (so linters skip them).
-Variants differ in their data, file names and parameters. `python -m
-conveyor.tasks.terminal_chores OUT` writes every folder under `OUT` (the shipped `data/` was
-made so; a test checks it is unchanged).
+Each chore is a function of a seeded RNG returning one folder's files (the shared layout is in
+`terminal_chores_layout`; the chores that run the agent's code are in `terminal_chores_code`):
+`instruction.md`, `task.toml`, `environment/Dockerfile` with the starting files under
+`environment/app/` (copied to `/app`), `tests/test.sh` (its checks a Python heredoc) with
+`tests/expected.json` (the answers, computed here from the generated data, so a check never
+trusts the workspace's copy of an input; code under test gets inputs drawn at verification time
+instead) and `solution/solve.sh` (which solves any variant of the chore). No file of the data is
+a Python module (so linters skip them). Variants differ in their data, file names and
+parameters. `python -m conveyor.tasks.terminal_chores OUT` writes every folder under `OUT` (the
+shipped `data/` was made so; a test checks it is unchanged).
 """
 
 from __future__ import annotations
@@ -23,119 +24,23 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from conveyor.tasks.terminal_chores_code import fix_backup_script, fix_mean_script, tiny_cli
+from conveyor.tasks.terminal_chores_layout import (
+    CITIES,
+    PEOPLE,
+    REGIONS,
+    SERVICES,
+    WORDS,
+    Files,
+    folder_files,
+)
+
 VARIANTS = 12
-Files = dict[str, str]
-
-_TOML = """version = "1.0"
-
-[metadata]
-author_name = "Conveyor"
-difficulty = "easy"
-category = "{category}"
-tags = {tags}
-
-[verifier]
-timeout_sec = 60.0
-
-[agent]
-timeout_sec = 120.0
-
-[environment]
-build_timeout_sec = 300.0
-cpus = 1
-memory_mb = 1024
-storage_mb = 1024
-"""
-
-_DOCKERFILE = """FROM python:3.11-slim
-WORKDIR /app
-COPY app/ /app/
-"""
-
-# The verifier: the checks (a Python heredoc, so the data holds no module for linters to read;
-# `-I`: isolated, so modules the agent leaves in the working folder cannot shadow the stdlib),
-# reward 1 when every one passes, else 0.
-_TEST_SH = """#!/bin/bash
-mkdir -p /logs/verifier
-python3 -I - <<'CHECK'
-{check}
-CHECK
-status=$?
-# Nothing the checks ran (code under test, or what it left running) outlives them to touch
-# the reward file.
-kill -9 -1 2>/dev/null
-if [ "$status" -eq 0 ]; then
-  echo 1 > /logs/verifier/reward.txt
-else
-  echo 0 > /logs/verifier/reward.txt
-fi
-"""
-
-# The head of every check: expected values, and a failure that says what is wrong.
-_CHECK_HEAD = """import csv
-import ctypes
-import json
-import random
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
-EXPECTED = json.loads(Path("/tests/expected.json").read_text())
-RNG = random.SystemRandom()  # inputs for code under test: drawn now, stored nowhere
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: code under test cannot ptrace us
-
-
-def fail(message):
-    print("FAIL:", message)
-    sys.exit(1)
-
-
-def read(path):
-    p = Path(path)
-    if p.is_symlink():
-        fail(f"{path} is a symbolic link, not a file")
-    if not p.is_file():
-        fail(f"{path} does not exist")
-    return p.read_text()
-
-
-def run(argv, stdin=""):
-    try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        fail(f"{argv} timed out")
-
-"""
-
-_WORDS = [
-    "alpha", "bravo", "cedar", "delta", "ember", "fjord", "gamma", "harbor", "iris", "jade",
-    "kilo", "lumen", "maple", "nova", "onyx", "pixel", "quartz", "river", "sierra", "tango",
-]  # fmt: skip
-_SERVICES = ["auth", "billing", "search", "gateway", "mailer", "storage", "reports", "queue"]
-_CITIES = ["Lisbon", "Osaka", "Quito", "Tallinn", "Accra", "Perth", "Bergen", "Cusco"]
-_PEOPLE = ["Ana", "Ben", "Chloe", "Dev", "Eli", "Farah", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea"]
-_REGIONS = ["north", "south", "east", "west", "central"]
-
-
-def _folder(
-    category: str, instruction: str, app: Files, check: str, expected: object, solve: str
-) -> Files:
-    files = {
-        "instruction.md": instruction.strip() + "\n",
-        "task.toml": _TOML.format(category=category, tags=json.dumps(["chore", category])),
-        "environment/Dockerfile": _DOCKERFILE,
-        "tests/test.sh": _TEST_SH.format(check=_CHECK_HEAD + check.strip()),
-        "tests/expected.json": json.dumps(expected, indent=1, sort_keys=True) + "\n",
-        "solution/solve.sh": "#!/bin/bash\nset -euo pipefail\ncd /app\n" + solve.strip() + "\n",
-    }
-    files.update({f"environment/app/{name}": text for name, text in app.items()})
-    return files
 
 
 def log_error_counts(rng: random.Random) -> Files:
     """Count ERROR lines per service in a log, as JSON."""
-    services = rng.sample(_SERVICES, rng.randint(3, 5))
+    services = rng.sample(SERVICES, rng.randint(3, 5))
     out = rng.choice(["error_counts.json", "errors.json", "summary.json"])
     lines, counts = [], Counter[str]()
     for i in range(rng.randint(30, 60)):
@@ -172,7 +77,7 @@ for line in open("app.log"):
 json.dump(dict(counts), open("{out}", "w"))
 EOF
 """
-    return _folder("log-parsing", instruction, {"app.log": "\n".join(lines) + "\n"}, check,
+    return folder_files("log-parsing", instruction, {"app.log": "\n".join(lines) + "\n"}, check,
                    expected, solve)  # fmt: skip
 
 
@@ -180,7 +85,7 @@ def csv_semicolons(rng: random.Random) -> Files:
     """Turn a semicolon CSV with decimal commas into a plain CSV."""
     out = rng.choice(["clean.csv", "prices.csv", "fixed.csv"])
     rows = []
-    for word in rng.sample(_WORDS, rng.randint(5, 9)):
+    for word in rng.sample(WORDS, rng.randint(5, 9)):
         price = f"{rng.randint(1, 400)},{rng.randint(0, 99):02d}"
         rows.append([word, price, str(rng.randint(1, 50))])
     text = "item;price;qty\n" + "".join(";".join(r) + "\n" for r in rows)
@@ -208,71 +113,14 @@ with open("{out}", "w", newline="") as f:
         w.writerow([item, price.replace(",", "."), qty])
 EOF
 """
-    return _folder("csv", instruction, {"data.csv": text}, check, expected, solve)
-
-
-_MEAN_BUGS = [
-    ("return sum(values) / (len(values) + 1)", "off by one in the count"),
-    ("return sum(values) // len(values)", "integer division"),
-    ("return sum(values[1:]) / len(values)", "skips the first value"),
-]
-
-
-def fix_mean_script(rng: random.Random) -> Files:
-    """Repair a script that prints the wrong mean."""
-    bug, _ = rng.choice(_MEAN_BUGS)
-    script = f'''"""Print the mean of the numbers in a file (one per line), with two decimals."""
-import sys
-
-
-def mean(values):
-    {bug}
-
-
-def main(path):
-    values = [float(line) for line in open(path) if line.strip()]
-    print(f"{{mean(values):.2f}}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
-'''
-    sample = "\n".join(str(rng.randint(1, 9)) for _ in range(4)) + "\n"
-    instruction = """
-`python3 /app/stats FILE` should print the mean of the numbers in FILE (one per line) with
-two decimals, but its answers are wrong. Fix the bug in `/app/stats` (keep its interface:
-the file name as the only argument, the mean on standard output). `/app/sample.txt` is an example
-input.
-"""
-    check = """
-for _ in range(3):
-    values = [RNG.randint(1, 99) for _ in range(RNG.randint(3, 7))]
-    if sum(values) % len(values) == 0:
-        values.append(1 if (sum(values) + 1) % (len(values) + 1) else 2)
-    path = Path(tempfile.mkdtemp()) / "numbers.txt"
-    path.write_text("\\n".join(map(str, values)) + "\\n")
-    done = run(["python3", "/app/stats", str(path)])
-    if done.stdout.strip() != f"{sum(values) / len(values):.2f}":
-        fail(f"mean of {values} printed {done.stdout.strip()!r}")
-"""
-    solve = """
-python3 - <<'EOF'
-import re
-text = open("stats").read()
-fixed = re.sub(r"(def mean\\(values\\):\\n)    return .*\\n",
-               r"\\1    return sum(values) / len(values)\\n", text)
-open("stats", "w").write(fixed)
-EOF
-"""
-    app = {"stats": script, "sample.txt": sample}
-    return _folder("debugging", instruction, app, check, {"bug": bug}, solve)
+    return folder_files("csv", instruction, {"data.csv": text}, check, expected, solve)
 
 
 def rename_extensions(rng: random.Random) -> Files:
     """Rename every file of one extension to another, keeping contents."""
     old, new = rng.choice([("txt", "md"), ("log", "txt"), ("jpeg", "jpg"), ("yml", "yaml")])
     folder = rng.choice(["notes", "docs", "inbox"])
-    names = rng.sample(_WORDS, rng.randint(4, 7))
+    names = rng.sample(WORDS, rng.randint(4, 7))
     app = {f"{folder}/{n}.{old}": f"{n} {rng.randint(100, 999)}\n" for n in names}
     keep = f"{folder}/README.rst"
     app[keep] = "leave me alone\n"
@@ -292,14 +140,14 @@ if found != EXPECTED:
     solve = f"""
 for f in {folder}/*.{old}; do mv -- "$f" "${{f%.{old}}}.{new}"; done
 """
-    return _folder("files", instruction, app, check, expected, solve)
+    return folder_files("files", instruction, app, check, expected, solve)
 
 
 def json_group_by(rng: random.Random) -> Files:
     """Group records of a JSON list by a field."""
-    cities = rng.sample(_CITIES, rng.randint(3, 4))
+    cities = rng.sample(CITIES, rng.randint(3, 4))
     people = [{"name": n, "city": rng.choice(cities), "age": rng.randint(18, 80)}
-              for n in rng.sample(_PEOPLE, rng.randint(6, 10))]  # fmt: skip
+              for n in rng.sample(PEOPLE, rng.randint(6, 10))]  # fmt: skip
     out = rng.choice(["by_city.json", "groups.json"])
     expected: dict[str, list[str]] = {}
     for p in people:
@@ -324,50 +172,14 @@ for p in json.load(open("people.json")):
 json.dump({{c: sorted(n) for c, n in groups.items()}}, open("{out}", "w"))
 EOF
 """
-    return _folder("json", instruction, {"people.json": json.dumps(people, indent=1)}, check,
+    return folder_files("json", instruction, {"people.json": json.dumps(people, indent=1)}, check,
                    expected, solve)  # fmt: skip
-
-
-def tiny_cli(rng: random.Random) -> Files:
-    """Write a small command-line calculator."""
-    names = rng.choice([("add", "sub", "mul"), ("plus", "minus", "times"), ("sum", "diff", "prod")])
-    script = rng.choice(["calc.py", "arith.py"])
-    instruction = f"""
-Write `/app/{script}`, a command-line calculator: `python3 /app/{script} OP A B` takes two
-integers and prints one integer, where OP is `{names[0]}` (A + B), `{names[1]}` (A - B) or
-`{names[2]}` (A * B). For any other OP it prints an error to standard error and exits with
-status 2.
-"""
-    check = f"""
-ops = dict(zip(EXPECTED["ops"], (int.__add__, int.__sub__, int.__mul__)))
-cases = [(op, RNG.randint(-99, 99), RNG.randint(-99, 99)) for op in ops for _ in range(2)]
-for op, a, b in cases:
-    done = run(["python3", "/app/{script}", op, str(a), str(b)])
-    if done.returncode != 0 or done.stdout.strip() != str(ops[op](a, b)):
-        fail(f"{{op}} {{a}} {{b}} printed {{done.stdout.strip()!r}} (exit {{done.returncode}})")
-done = run(["python3", "/app/{script}", "pow", "2", "3"])
-if done.returncode != 2:
-    fail(f"an unknown operation exited {{done.returncode}}, expected 2")
-"""
-    solve = f"""
-cat > {script} <<'EOF'
-import sys
-OPS = {{"{names[0]}": lambda a, b: a + b, "{names[1]}": lambda a, b: a - b,
-        "{names[2]}": lambda a, b: a * b}}
-if len(sys.argv) != 4 or sys.argv[1] not in OPS:
-    print("usage: OP A B", file=sys.stderr)
-    sys.exit(2)
-print(OPS[sys.argv[1]](int(sys.argv[2]), int(sys.argv[3])))
-EOF
-"""
-    app = {"README.txt": "Put the calculator here.\n"}
-    return _folder("cli", instruction, app, check, {"ops": list(names)}, solve)
 
 
 def word_frequency(rng: random.Random) -> Files:
     """The N most frequent words of a text."""
     n = rng.randint(3, 5)
-    vocabulary = rng.sample(_WORDS, 10)
+    vocabulary = rng.sample(WORDS, 10)
     weights = [rng.randint(1, 30) for _ in vocabulary]
     words = rng.choices(vocabulary, weights, k=rng.randint(120, 200))
     text = ""
@@ -392,12 +204,12 @@ if got != EXPECTED:
 tr -cs 'A-Za-z' '\\n' < text.txt | tr 'A-Z' 'a-z' | grep -v '^$' | sort | uniq -c \\
   | sort -k1,1nr -k2,2 | head -n {n} | awk '{{print $2, $1}}' > top.txt
 """
-    return _folder("text", instruction, {"text.txt": text + "\n"}, check, expected, solve)
+    return folder_files("text", instruction, {"text.txt": text + "\n"}, check, expected, solve)
 
 
 def dedupe_lines(rng: random.Random) -> Files:
     """Drop repeated lines, keeping the first of each."""
-    pool = [f"{rng.choice(_PEOPLE).lower()}.{w}@example.org" for w in rng.sample(_WORDS, 8)]
+    pool = [f"{rng.choice(PEOPLE).lower()}.{w}@example.org" for w in rng.sample(WORDS, 8)]
     lines = [rng.choice(pool) for _ in range(rng.randint(20, 30))]
     src, out = rng.choice([("emails.txt", "unique.txt"), ("contacts.txt", "deduped.txt")])
     expected = list(dict.fromkeys(lines))
@@ -413,12 +225,12 @@ if got != EXPECTED:
     solve = f"""
 awk '!seen[$0]++' {src} > {out}
 """
-    return _folder("text", instruction, {src: "\n".join(lines) + "\n"}, check, expected, solve)
+    return folder_files("text", instruction, {src: "\n".join(lines) + "\n"}, check, expected, solve)
 
 
 def env_merge(rng: random.Random) -> Files:
     """Merge two KEY=VALUE files, the second winning."""
-    keys = [k.upper() for k in rng.sample(_WORDS, 8)]
+    keys = [k.upper() for k in rng.sample(WORDS, 8)]
     defaults = {k: str(rng.randint(1, 999)) for k in keys[:6]}
     override = {k: str(rng.randint(1, 999)) for k in rng.sample(keys[:6], 2) + keys[6:]}
     merged = {**defaults, **override}
@@ -450,12 +262,12 @@ open("final.env", "w").write("".join(f"{k}={merged[k]}\\n" for k in sorted(merge
 EOF
 """
     app = {"defaults.env": env_file(defaults), "override.env": env_file(override)}
-    return _folder("config", instruction, app, check, expected, solve)
+    return folder_files("config", instruction, app, check, expected, solve)
 
 
 def sales_totals(rng: random.Random) -> Files:
     """Sum a CSV column per group."""
-    regions = rng.sample(_REGIONS, rng.randint(3, 5))
+    regions = rng.sample(REGIONS, rng.randint(3, 5))
     rows = [(rng.choice(regions), rng.randint(100, 99999)) for _ in range(rng.randint(15, 30))]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -491,7 +303,9 @@ with open("totals.csv", "w") as f:
         f.write(f"{region},{totals[region]:.2f}\\n")
 EOF
 """
-    return _folder("csv", instruction, {"sales.csv": buffer.getvalue()}, check, expected, solve)
+    return folder_files(
+        "csv", instruction, {"sales.csv": buffer.getvalue()}, check, expected, solve
+    )
 
 
 def largest_file(rng: random.Random) -> Files:
@@ -499,8 +313,8 @@ def largest_file(rng: random.Random) -> Files:
     app: Files = {}
     sizes = rng.sample(range(10, 4000), 9)
     for size in sizes:
-        folder = "/".join(rng.sample(_WORDS, rng.randint(1, 3)))
-        app[f"files/{folder}/{rng.choice(_WORDS)}{size}.dat"] = "x" * size
+        folder = "/".join(rng.sample(WORDS, rng.randint(1, 3)))
+        app[f"files/{folder}/{rng.choice(WORDS)}{size}.dat"] = "x" * size
     largest = max(app, key=lambda p: len(app[p]))
     expected = largest.removeprefix("files/")
     instruction = """
@@ -515,48 +329,7 @@ if got != EXPECTED:
     solve = """
 cd files && find . -type f -printf '%s %P\\n' | sort -n | tail -1 | cut -d' ' -f2- > ../largest.txt
 """
-    return _folder("files", instruction, app, check, expected, solve)
-
-
-def fix_backup_script(rng: random.Random) -> Files:
-    """Repair a shell script that copies the wrong files."""
-    ext = rng.choice(["conf", "ini", "cfg"])
-    wrong = {"conf": "cnf", "ini": "inf", "cfg": "cgf"}[ext]
-    script = f"""#!/bin/bash
-# Copy every *.{ext} file of SRC (not its sub-folders) into DEST, creating DEST if needed.
-set -e
-SRC="$1"
-DEST="$2"
-cp "$SRC"/*.{wrong} "$DEST"/
-"""
-    expected = {"ext": ext}
-    instruction = f"""
-`bash /app/backup.sh SRC DEST` should copy every `*.{ext}` file directly in folder SRC into
-folder DEST (creating DEST when it does not exist) and nothing else, but it does not work. Fix
-`/app/backup.sh`.
-"""
-    check = """
-base = Path(tempfile.mkdtemp())
-src, dest = base / "src", base / "out" / "dest"
-(src / "sub").mkdir(parents=True)
-names = RNG.sample(["a", "b", "c", "d", "e", "f", "g", "h"], 5)
-keep = [f"{n}.{EXPECTED['ext']}" for n in names[:3]]
-for name in [*keep, f"{names[3]}.txt", f"sub/{names[4]}.{EXPECTED['ext']}"]:
-    (src / name).write_text(name)
-done = run(["bash", "/app/backup.sh", str(src), str(dest)])
-got = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
-if got != sorted(keep):
-    fail(f"copied {got}, expected {sorted(keep)}: {done.stderr}")
-"""
-    solve = f"""
-cat > backup.sh <<'EOF'
-#!/bin/bash
-set -e
-mkdir -p "$2"
-cp "$1"/*.{ext} "$2"/
-EOF
-"""
-    return _folder("debugging", instruction, {"backup.sh": script}, check, expected, solve)
+    return folder_files("files", instruction, app, check, expected, solve)
 
 
 CHORES: dict[str, Callable[[random.Random], Files]] = {
@@ -587,10 +360,10 @@ def all_folders(variants: int = VARIANTS) -> dict[str, Files]:
 def write_folders(root: Path, variants: int = VARIANTS) -> list[Path]:
     """Write every folder under `root` (each replaced whole); shell scripts executable."""
     written = []
-    for name, folder_files in all_folders(variants).items():
+    for name, files in all_folders(variants).items():
         folder = root / name
         shutil.rmtree(folder, ignore_errors=True)
-        for relative, text in folder_files.items():
+        for relative, text in files.items():
             path = folder / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
