@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+awk '!seen[$0]++' contacts.txt > deduped.txt

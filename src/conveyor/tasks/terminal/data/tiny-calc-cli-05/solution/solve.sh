@@ -1,0 +1,12 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+cat > arith.py <<'EOF'
+import sys
+OPS = {"sum": lambda a, b: a + b, "diff": lambda a, b: a - b,
+        "prod": lambda a, b: a * b}
+if len(sys.argv) != 4 or sys.argv[1] not in OPS:
+    print("usage: OP A B", file=sys.stderr)
+    sys.exit(2)
+print(OPS[sys.argv[1]](int(sys.argv[2]), int(sys.argv[3])))
+EOF
