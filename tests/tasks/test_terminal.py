@@ -502,3 +502,18 @@ def test_the_generator_writes_the_folders(tmp_path: Path) -> None:
     solve = written[0] / "solution" / "solve.sh"
     assert solve.stat().st_mode & 0o111
     shutil.rmtree(tmp_path)
+
+
+def test_config_counts_the_verifier_timeout_of_a_folder_added_by_options(tmp_path: Path) -> None:
+    from conveyor.config import load_config
+
+    folder = tmp_path / "tasks" / "slow-verifier"
+    shutil.copytree(FIXTURES / "tb2" / "count-words", folder)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("timeout_sec = 30.0", "timeout_sec = 1800.0", 1))
+    options = f"tasks.options={{terminal: {{dirs: [{tmp_path / 'tasks'}]}}}}"
+    with pytest.raises(Exception, match="grading budget"):
+        load_config(None, ["tasks.families=[terminal]", options])
+    assert load_config(
+        None, ["tasks.families=[terminal]", options, "dispatch.reward_timeout_s=2000"]
+    ).config.tasks.options["terminal"]["dirs"]

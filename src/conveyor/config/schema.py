@@ -1,6 +1,7 @@
 """The whole configuration of one run (`ConveyorConfig`) and its checks across sections."""
 
 import importlib
+from collections.abc import Mapping
 from typing import Any, Self
 
 from pydantic import Field, model_validator
@@ -99,7 +100,7 @@ def _budget_problems(config: "ConveyorConfig") -> list[str]:
             f"({agent.rollout_timeout_s:g}): one tool call may outlast the whole rollout"
         )
     for name in config.tasks.families:
-        budget = _reward_budget_s(name)
+        budget = _reward_budget_s(name, config.tasks.options.get(name, {}))
         if budget is not None and dispatch.reward_timeout_s < budget:
             problems.append(
                 f"dispatch.reward_timeout_s ({dispatch.reward_timeout_s:g}) is below the "
@@ -128,11 +129,14 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
     return problems
 
 
-def _reward_budget_s(family_name: str) -> float | None:
+def _reward_budget_s(family_name: str, options: Mapping[str, Any]) -> float | None:
     """The longest a family's `score` may legitimately take, when the family states it
-    (`reward_budget_s`)."""
+    (`reward_budget_s`), built with its `tasks.options` entry (a terminal folder added through
+    options brings its own verifier timeout)."""
+    from conveyor.tasks.family import FamilyServices, get_family
+
     try:
-        family = FAMILIES.get(family_name)()
+        family = get_family(family_name, services=FamilyServices(options=options))
     except (KeyError, TypeError, ValueError):
         # an unknown name is reported by the tasks section's own check; a family that cannot
         # be built with its defaults states no budget here
