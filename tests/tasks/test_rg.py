@@ -278,10 +278,12 @@ def test_oracle_and_empty_policies_through_the_real_loop(model_dir: Path) -> Non
 
 
 @pytest.mark.slow
-def test_every_usable_dataset_draws_instances_whose_oracle_scores_one() -> None:
-    slow = {"acre", "futoshiki", "knight_swap", "codeio", "zebra_puzzles"}
-    names = [n for n in rg_scoring.dataset_names() if n not in set(rg_scoring.REFUSED) | slow]
+def test_every_usable_dataset_has_an_oracle_and_refuses_empty_echoed_and_long_answers() -> None:
+    names = [n for n in rg_scoring.dataset_names() if n not in rg_scoring.REFUSED]
+    assert len(names) == 94
     for name in names:
         (task,) = family(datasets=[name]).make_tasks(1, 0, "train")
         assert score(task, answer_of(task)) == 1.0, name
         assert score(task, "") == 0.0, name
+        assert score(task, task.prompt[1]["content"]) == 0.0, name
+        assert score(task, answer_of(task) + " " + "x" * 5000) == 0.0, name
