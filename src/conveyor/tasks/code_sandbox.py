@@ -163,6 +163,13 @@ class LineReader:
             raise CandidateError("the candidate's process sent garbage") from None
 
 
+def _no_digit_limit() -> None:
+    """Big integers cross as decimal strings: lift Python 3.11's conversion limit."""
+    lift = getattr(sys, "set_int_max_str_digits", None)
+    if lift is not None:
+        lift(0)
+
+
 # ---- the judge (trusted) --------------------------------------------------------------------
 
 
@@ -231,7 +238,7 @@ def judge(problem_path: str, nonce_fd: int, timeout_s: float) -> int:
     with open(problem_path, encoding="utf-8") as handle:
         problem = json.load(handle)
     os.unlink(problem_path)  # the tests stay in this (non-dumpable) process only
-    sys.set_int_max_str_digits(0)
+    _no_digit_limit()
     worker: Worker | None = None
     try:
         folder = os.path.dirname(os.path.abspath(problem_path))
@@ -267,7 +274,7 @@ def serve(candidate_path: str, entry_point: str) -> int:
     quiet = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(quiet, fd)
-    sys.set_int_max_str_digits(0)
+    _no_digit_limit()
     try:
         with open(candidate_path, encoding="utf-8") as handle:
             source = handle.read()

@@ -23,7 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +238,7 @@ def _build(
     return runtime
 
 
-def _env_at(env_dir: Path | None) -> Any:
+def _env_at(env_dir: Path | None) -> Callable[[str], dict[str, str]]:
     """The variables that put `env_dir`'s interpreter first on PATH (for every runtime kind)."""
 
     def env_at(root: str) -> dict[str, str]:
@@ -287,8 +287,7 @@ def make_python_tool(
 
     @tool(name="python", timeout_s=timeout_s + _TOOL_GRACE_S)
     async def python(code: str, ctx: ToolContext) -> str:
-        """Run a Python 3 program in a sandbox (no network) and return what it printed.
-
+        """Run a Python 3 program in a sandbox (no network) and return its output and exit code.
         Each call is a fresh interpreter: variables do not carry over, files you write do. The
         value of a final bare expression is printed, as in a notebook. sympy, mpmath and numpy
         are available. Long output is truncated.
