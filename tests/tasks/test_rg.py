@@ -157,6 +157,23 @@ def test_options_refuse_unknown_refused_repeated_and_extra_entries() -> None:
     assert [t.data["dataset"] for t in chosen.make_tasks(4, 0, "test")] == ["lcm", "coin_flip"] * 2
 
 
+def test_a_dataset_config_shapes_the_instances_and_their_grading() -> None:
+    on = family(datasets=["chain_sum"], config={"chain_sum": {"min_terms": 5, "max_terms": 5}})
+    tasks = on.make_tasks(3, 0, "eval")
+    for task in tasks:
+        assert task.data["config"] == {"min_terms": 5, "max_terms": 5}
+        sum_ = task.prompt[1]["content"].split(": ")[1]
+        assert len(sum_.replace(" - ", " + ").split(" + ")) == 5
+        assert score(task, answer_of(task), on=on) == 1.0
+    assert tasks != family(datasets=["chain_sum"]).make_tasks(3, 0, "eval")
+    with pytest.raises(ValueError, match=r"config names datasets not in datasets: gcd"):
+        family(datasets=["lcm"], config={"gcd": {}})
+    with pytest.raises(ValueError, match=r"'chain_sum': unknown fields seed, terms \(its fields"):
+        family(datasets=["chain_sum"], config={"chain_sum": {"terms": 3, "seed": 1}})
+    with pytest.raises(ValueError, match=r"refused by reasoning-gym: max_terms must be >= min"):
+        family(datasets=["chain_sum"], config={"chain_sum": {"min_terms": 5, "max_terms": 2}})
+
+
 def test_config_carries_the_options_to_the_family() -> None:
     config = load_config(
         None, ["tasks.families=[rg]", "tasks.options={rg: {datasets: [lcm], python: false}}"]

@@ -9,6 +9,9 @@ Options (`tasks.options.rg`, checked by `RgOptions`):
   runtime is then an executor sandbox (bubblewrap by default) in which the reasoning-gym package
   is hidden, so code cannot regenerate the dataset and look the question up. Without it the
   runtime is the simulated one with no files.
+- `config`: per-dataset config fields, e.g. `{chain_sum: {min_terms: 4, max_terms: 6}}` (the
+  fields of the dataset's reasoning-gym config class, except `seed` and `size`; checked by
+  building the dataset).
 - `partial_credit`: use the scorer's value as the reward (default off: the reward is 1.0 when the
   scorer gives 1.0, else 0.0, because most scorers give small credit to any text, see
   `rg_scoring`).
@@ -28,9 +31,9 @@ import importlib.metadata
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conveyor.agent.loop import final_answer
 from conveyor.agent.parsing import format_tool_call
@@ -78,12 +81,22 @@ class RgOptions(BaseModel):
 
     datasets: list[str] = Field(default_factory=lambda: list(DEFAULT_DATASETS), min_length=1)
     python: bool = False
+    config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     partial_credit: bool = False
 
     @field_validator("datasets")
     @classmethod
     def _usable(cls, names: list[str]) -> list[str]:
         return rg_scoring.check_dataset_names(names)
+
+    @model_validator(mode="after")
+    def _configs_of_listed_datasets(self) -> Self:
+        stray = sorted(set(self.config) - set(self.datasets))
+        if stray:
+            raise ValueError(f"config names datasets not in datasets: {', '.join(stray)}")
+        for name, values in self.config.items():
+            rg_scoring.check_dataset_config(name, values)
+        return self
 
 
 def _system_prompt(with_python: bool) -> str:
@@ -107,7 +120,8 @@ def _system_prompt(with_python: bool) -> str:
 class RgFamily:
     """Reasoning-gym puzzles; tools `finish` (and `python` with the `python` option).
 
-    `Task.data` holds `dataset` (its name), `index` (the entry's index) and `entry` (the
+    `Task.data` holds `dataset` (its name), `config` (the dataset's config fields set by the
+    `config` option), `index` (the entry's index) and `entry` (the
     reasoning-gym entry as JSON: question, answer, metadata), which the dataset's own
     `score_answer` grades against.
     """
@@ -131,8 +145,11 @@ class RgFamily:
         (n, seed, split)."""
         names = self.options.datasets
         counts = [len(range(i, n, len(names))) for i in range(len(names))]
+        configs = self.options.config
         drawn = [
-            sample_instances(f"{self.name}/{name}", count, seed, split, _drawer(name))
+            sample_instances(
+                f"{self.name}/{name}", count, seed, split, _drawer(name, configs.get(name, {}))
+            )
             for name, count in zip(names, counts, strict=True)
         ]
         instances = [drawn[p % len(names)][p // len(names)] for p in range(n)]
@@ -177,7 +194,9 @@ class RgFamily:
             return 0.0
         data = task.data
         # Scorers are synchronous and some are slow (sympy): keep the event loop free.
-        return await asyncio.to_thread(rg_scoring.raw_score, data["dataset"], answer, data["entry"])
+        return await asyncio.to_thread(
+            rg_scoring.raw_score, data["dataset"], answer, data["entry"], data["config"]
+        )
 
     def _reward(self, raw: float) -> float:
         if self.options.partial_credit:
@@ -195,17 +214,17 @@ class RgFamily:
         return [show, submit]
 
 
-def _drawer(name: str) -> Any:
-    """The `sample_instances` draw of dataset `name`: a random entry whose stored answer scores
-    1.0, keyed by (name, question)."""
+def _drawer(name: str, config: dict[str, Any]) -> Any:
+    """The `sample_instances` draw of dataset `name` built with `config`: a random entry whose
+    stored answer scores 1.0, keyed by (name, question)."""
 
     def draw(rng: random.Random) -> tuple[str, dict[str, Any]]:
         for _ in range(_ORACLE_TRIES):
             index = rng.randrange(rg_scoring.INDEX_SPACE)
-            entry = rg_scoring.json_entry(rg_scoring.dataset(name)[index])
+            entry = rg_scoring.json_entry(rg_scoring.dataset(name, config)[index])
             answer = entry.get("answer")
-            if answer is not None and rg_scoring.raw_score(name, str(answer), entry) >= 1.0:
-                data = {"dataset": name, "index": index, "entry": entry}
+            if answer is not None and rg_scoring.raw_score(name, str(answer), entry, config) >= 1:
+                data = {"dataset": name, "config": config, "index": index, "entry": entry}
                 return json.dumps([name, entry["question"]]), data
         raise ValueError(
             f"reasoning-gym dataset {name!r}: {_ORACLE_TRIES} entries in a row whose stored "

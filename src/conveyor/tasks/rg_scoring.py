@@ -22,6 +22,8 @@ characters):
 from __future__ import annotations
 
 import ast
+import copy
+import dataclasses
 import difflib
 import functools
 import json
@@ -124,13 +126,35 @@ def check_dataset_names(names: list[str]) -> list[str]:
     return names
 
 
+def check_dataset_config(name: str, values: Mapping[str, Any]) -> None:
+    """A `ValueError` unless `values` are fields of dataset `name`'s config (not `seed` or
+    `size`, which the family sets) that build a valid dataset."""
+    config_class = _registry()[name][1]
+    fields = {f.name for f in dataclasses.fields(config_class)} - {"seed", "size"}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(
+            f"config of {name!r}: unknown fields {', '.join(unknown)} "
+            f"(its fields: {', '.join(sorted(fields))})"
+        )
+    try:
+        dataset(name, values)
+    except Exception as error:  # the dataset's own validation (assertions, ValueError, ...)
+        raise ValueError(f"config of {name!r} is refused by reasoning-gym: {error}") from None
+
+
+def dataset(name: str, config: Mapping[str, Any] | None = None) -> Any:
+    """The reasoning-gym dataset `name` with `DATASET_SEED`, `INDEX_SPACE` entries and its
+    default config updated by `config` (built once per process for each config)."""
+    return _built(name, json.dumps(dict(config or {}), sort_keys=True))
+
+
 @functools.cache
-def dataset(name: str) -> Any:
-    """The reasoning-gym dataset `name` with its default config, `DATASET_SEED` and
-    `INDEX_SPACE` entries (built once per process)."""
+def _built(name: str, config_json: str) -> Any:
     import reasoning_gym
 
-    return reasoning_gym.create_dataset(name, seed=DATASET_SEED, size=INDEX_SPACE)
+    config = json.loads(config_json)
+    return reasoning_gym.create_dataset(name, seed=DATASET_SEED, size=INDEX_SPACE, **config)
 
 
 def json_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,8 +175,11 @@ def max_answer_chars(entry: Mapping[str, Any]) -> int:
     return 2 * len(str(entry.get("answer") or "")) + 100
 
 
-def raw_score(name: str, answer: str, entry: Mapping[str, Any]) -> float:
-    """The dataset's own `score_answer` of a stripped `answer`, or 0.0 when the answer is empty,
+def raw_score(
+    name: str, answer: str, entry: Mapping[str, Any], config: Mapping[str, Any] | None = None
+) -> float:
+    """Dataset `name`'s (built with `config`) own `score_answer` of a stripped `answer`, or
+    0.0 when the answer is empty,
     too long (`max_answer_chars`), refused by the dataset's eval screen, or makes the scorer
     raise. Clamped to [0, 1]."""
     text = answer.strip()
@@ -162,7 +189,7 @@ def raw_score(name: str, answer: str, entry: Mapping[str, Any]) -> float:
     if screen is not None and not screen(text):
         return 0.0
     try:
-        value = float(dataset(name).score_answer(text, dict(entry)))
+        value = float(dataset(name, config).score_answer(text, copy.deepcopy(dict(entry))))
     except Exception:  # a scorer raising on malformed text: the answer is wrong, not the run
         return 0.0
     return min(max(value, 0.0), 1.0) if value == value else 0.0
