@@ -16,7 +16,7 @@ from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import RuntimeConfig, load_config
 from conveyor.tasks import rg_scoring
 from conveyor.tasks.executor import executor_available
-from conveyor.tasks.family import FamilyServices, get_family, split_of
+from conveyor.tasks.family import FamilyServices, family_info, get_family, split_of
 from conveyor.tasks.rg import DEFAULT_DATASETS, RgFamily
 from conveyor.types import Task, ToolCall, Trajectory
 
@@ -79,6 +79,12 @@ def test_task_data_is_json_and_names_a_reproducible_entry() -> None:
         assert task.prompt[0]["content"] == FAMILY.system_prompt
         copy = Task.model_validate_json(task.model_dump_json())
         assert score(copy, answer_of(copy)) == 1.0
+
+
+def test_the_families_table_names_the_source_and_its_version() -> None:
+    info = family_info("rg")
+    assert info["splits"] == ["train", "eval", "test"]
+    assert info["source"].startswith("reasoning-gym") and info["version"] == "0.1.25"
 
 
 def test_the_prompt_shows_the_hermes_tool_call_format() -> None:

@@ -44,6 +44,7 @@ from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_run
 from conveyor.tasks import rg_scoring
 from conveyor.tasks.executor import EXECUTOR_RUNTIMES, python, start_executor_runtime
 from conveyor.tasks.family import (
+    SPLIT_SHARES,
     FamilyServices,
     Grade,
     family_options,
@@ -127,6 +128,7 @@ class RgFamily:
     """
 
     name = "rg"
+    splits = tuple(SPLIT_SHARES)  # 80/10/10 by a hash of (dataset, question)
     source = "reasoning-gym (PyPI), procedurally generated"
     version = _version()
 
