@@ -14,6 +14,7 @@ import pytest
 
 from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import RuntimeConfig, load_config
+from conveyor.tasks import rg as rg_module
 from conveyor.tasks import rg_scoring
 from conveyor.tasks.executor import executor_available
 from conveyor.tasks.family import FamilyServices, family_info, get_family, split_of
@@ -282,6 +283,24 @@ def test_the_eval_screens_pass_the_answers_they_must_and_stop_the_rest() -> None
     assert rg_scoring._plain_arithmetic("(3 + 5) * 6 / 2 - 0")
     for text in ("3**4", "3 * * 4", "x + 1", "abs(-1)", "3^4"):
         assert not rg_scoring._plain_arithmetic(text), text
+
+
+def test_a_scorer_that_hangs_scores_zero_after_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    def hang(*args: Any) -> float:
+        time.sleep(1.0)
+        return 1.0
+
+    monkeypatch.setattr(rg_module, "SCORE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(rg_scoring, "raw_score", hang)
+
+    async def timed() -> tuple[float, float]:
+        start = time.monotonic()
+        value = await FAMILY.score(EVAL[0], answer_of(EVAL[0]), runtime=None)  # type: ignore[arg-type]
+        return value, time.monotonic() - start
+
+    # (asyncio.run itself then waits for the sleeping thread; a run's event loop does not.)
+    value, elapsed = run(timed())
+    assert value == 0.0 and elapsed < 0.9
 
 
 def test_a_scorer_that_raises_scores_zero() -> None:

@@ -64,6 +64,8 @@ DEFAULT_DATASETS: tuple[str, ...] = (
 )
 # Draws of one dataset in a row whose stored answer fails its own scorer before giving up.
 _ORACLE_TRIES = 20
+# Seconds a scorer may take before the answer counts as wrong (its thread is left to finish).
+SCORE_TIMEOUT_S = 30.0
 # The oracle runs its answer through `python` first when the answer is at most this long.
 _ORACLE_TRY_CHARS = 200
 
@@ -188,17 +190,23 @@ class RgFamily:
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         """1.0 if the dataset's scorer gives `answer` 1.0 (its value with `partial_credit`);
-        0.0 for no answer, an over-long one, or one an eval-based scorer must not see."""
+        0.0 for no answer, an over-long one, one an eval-based scorer must not see, or one the
+        scorer takes over `SCORE_TIMEOUT_S` on."""
         return self._reward(await self._raw(task, answer))
 
     async def _raw(self, task: Task, answer: str | None) -> float:
         if answer is None:
             return 0.0
         data = task.data
-        # Scorers are synchronous and some are slow (sympy): keep the event loop free.
-        return await asyncio.to_thread(
-            rg_scoring.raw_score, data["dataset"], answer, data["entry"], data["config"]
-        )
+        # Scorers are synchronous and some are slow (sympy): keep the event loop free, and
+        # never let one hold the reward stage forever.
+        try:
+            async with asyncio.timeout(SCORE_TIMEOUT_S):
+                return await asyncio.to_thread(
+                    rg_scoring.raw_score, data["dataset"], answer, data["entry"], data["config"]
+                )
+        except TimeoutError:
+            return 0.0
 
     def _reward(self, raw: float) -> float:
         if self.options.partial_credit:
