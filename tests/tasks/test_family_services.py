@@ -236,3 +236,14 @@ def test_check_family_gives_the_oracle_the_turns_it_needs(model_dir: Path) -> No
     report = asyncio.run(check_family(config, "filenav", n=2, say=lines.append))
     assert report["ok"] is True and report["oracle_mean"] == 1.0
     assert any("max_turns raised to 3" in line for line in lines)
+
+
+def test_check_config_gives_the_oracle_room_for_long_replies() -> None:
+    from conveyor.app.families import CHECK_COMPLETION_TOKENS, CHECK_CONTEXT_TOKENS, check_config
+
+    config = load_config(None, ["agent.max_completion_tokens=64"]).config
+    agent = check_config(config, "filenav").agent
+    assert agent.max_completion_tokens == CHECK_COMPLETION_TOKENS
+    assert agent.max_context_tokens == CHECK_CONTEXT_TOKENS
+    assert agent.max_prompt_tokens + agent.max_completion_tokens > CHECK_CONTEXT_TOKENS // 2
+    assert agent.hints.enabled is False

@@ -19,6 +19,9 @@ from conveyor.config import ConveyorConfig
 from conveyor.types import Task, ToolCall, Trajectory
 
 EMPTY_REPLY = ""
+# The smallest budgets a check gives the oracle's rollouts (tokens).
+CHECK_COMPLETION_TOKENS = 2048
+CHECK_CONTEXT_TOKENS = 16384
 
 
 def families_table() -> list[dict[str, Any]]:
@@ -30,7 +33,10 @@ def families_table() -> list[dict[str, Any]]:
 
 
 def check_config(config: ConveyorConfig, family: str) -> ConveyorConfig:
-    """`config` narrowed to `family` (its options kept), hints off."""
+    """`config` narrowed to `family` (its options kept), hints off, and room for the oracle's
+    longest reply (`CHECK_COMPLETION_TOKENS`: a bfcl answer call is up to ~1,200 tokens, a
+    HumanEval solution ~350) and prompt (`CHECK_CONTEXT_TOKENS`): the check is of the family,
+    not of the run's budgets."""
     tasks = config.tasks.model_copy(
         update={
             "families": [family],
@@ -38,7 +44,17 @@ def check_config(config: ConveyorConfig, family: str) -> ConveyorConfig:
         }
     )
     hints = config.agent.hints.model_copy(update={"enabled": False})
-    agent = config.agent.model_copy(update={"hints": hints})
+    context = max(config.agent.max_context_tokens, CHECK_CONTEXT_TOKENS)
+    agent = config.agent.model_copy(
+        update={
+            "hints": hints,
+            "max_completion_tokens": max(
+                config.agent.max_completion_tokens, CHECK_COMPLETION_TOKENS
+            ),
+            "max_context_tokens": context,
+            "max_prompt_tokens": max(config.agent.max_prompt_tokens, context - 256),
+        }
+    )
     return config.model_copy(update={"tasks": tasks, "agent": agent})
 
 
