@@ -192,9 +192,12 @@ async def book_reservation(
         destination: The IATA code for the destination city such as 'JFK'.
         flight_type: The type of flight such as 'one_way' or 'round_trip'.
         cabin: The cabin class such as 'basic_economy', 'economy', or 'business'.
-        flights: An array of objects containing details about each piece of flight. Example: [{"flight_number": "HAT001", "date": "2024-05-01"}].
-        passengers: An array of objects containing details about each passenger. Example: [{"first_name": "John", "last_name": "Doe", "dob": "1990-01-01"}].
-        payment_methods: An array of objects containing details about each payment method. Example: [{"payment_id": "gift_card_3576581", "amount": 4986}].
+        flights: An array of objects containing details about each piece of flight. Example:
+            [{"flight_number": "HAT001", "date": "2024-05-01"}].
+        passengers: An array of objects containing details about each passenger. Example:
+            [{"first_name": "John", "last_name": "Doe", "dob": "1990-01-01"}].
+        payment_methods: An array of objects containing details about each payment method.
+            Example: [{"payment_id": "gift_card_3576581", "amount": 4986}].
         total_baggages: The total number of baggage items to book the reservation.
         nonfree_baggages: The number of non-free baggage items to book the reservation.
         insurance: Whether the reservation has insurance.
@@ -392,7 +395,8 @@ async def update_reservation_baggages(
         reservation_id: The reservation ID, such as 'ZFA04Y'.
         total_baggages: The updated total number of baggage items included in the reservation.
         nonfree_baggages: The updated number of non-free baggage items included in the reservation.
-        payment_id: The payment id stored in user profile, such as 'credit_card_7815826', 'gift_card_7815826', 'certificate_7815826'.
+        payment_id: The payment id stored in user profile, such as 'credit_card_7815826',
+            'gift_card_7815826', 'certificate_7815826'.
     """
     db = _db(ctx)
     reservation = _reservation(db, reservation_id)
@@ -419,8 +423,11 @@ async def update_reservation_flights(
     Args:
         reservation_id: The reservation ID, such as 'ZFA04Y'.
         cabin: The cabin class of the reservation.
-        flights: An array of objects containing details about each piece of flight in the ENTIRE new reservation. Even if the a flight segment is not changed, it should still be included in the array. For example: [{"flight_number": "HAT001", "date": "2024-05-01"}].
-        payment_id: The payment id stored in user profile, such as 'credit_card_7815826', 'gift_card_7815826', 'certificate_7815826'.
+        flights: An array of objects containing details about each piece of flight in the ENTIRE
+            new reservation. Even if the a flight segment is not changed, it should still be
+            included in the array. For example: [{"flight_number": "HAT001", "date": "2024-05-01"}].
+        payment_id: The payment id stored in user profile, such as 'credit_card_7815826',
+            'gift_card_7815826', 'certificate_7815826'.
     """
     db = _db(ctx)
     legs: list[FlightInfo] = flights  # type: ignore[assignment]  # validated as models
@@ -476,7 +483,8 @@ async def update_reservation_passengers(
 
     Args:
         reservation_id: The reservation ID, such as 'ZFA04Y'.
-        passengers: An array of objects containing details about each passenger. For example: [{"first_name": "John", "last_name": "Doe", "dob": "1990-01-01"}].
+        passengers: An array of objects containing details about each passenger. For example:
+            [{"first_name": "John", "last_name": "Doe", "dob": "1990-01-01"}].
     """
     people: list[Passenger] = passengers  # type: ignore[assignment]  # validated as models
     reservation = _reservation(_db(ctx), reservation_id)

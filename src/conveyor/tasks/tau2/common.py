@@ -101,7 +101,9 @@ def _inline(schema: dict[str, Any]) -> dict[str, Any]:
 
 @tool
 async def transfer_to_human_agents(summary: str) -> str:
-    """Transfer the user to a human agent, with a summary of the user's issue. Only transfer if the user explicitly asks for a human agent, or if, given the policy and the available tools, you cannot solve the user's issue.
+    """Transfer the user to a human agent, with a summary of the user's issue. Only transfer if the
+    user explicitly asks for a human agent, or if, given the policy and the available tools, you
+    cannot solve the user's issue.
 
     Args:
         summary: A summary of the user's issue.
@@ -139,8 +141,9 @@ def arithmetic(expression: str) -> float:
         raise ToolError(f"Invalid expression: {error}") from None
 
     def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return float(node.value)
+        constant = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(constant, int | float) and not isinstance(constant, bool):
+            return float(constant)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             return _BINARY[type(node.op)](value(node.left), value(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
@@ -160,6 +163,7 @@ async def calculate(expression: str) -> str:
     """Calculate the result of a mathematical expression.
 
     Args:
-        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces.
+        expression: The mathematical expression to calculate, such as '2 + 2'. The expression
+            can contain numbers, operators (+, -, *, /), parentheses, and spaces.
     """
     return str(round(arithmetic(expression), 2))

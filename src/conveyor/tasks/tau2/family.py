@@ -44,7 +44,7 @@ from conveyor.tasks.family import (
 )
 from conveyor.tasks.tau2 import airline, data, retail
 from conveyor.tasks.tau2.common import Tau2Runtime
-from conveyor.types import Message, Task, ToolCall, Trajectory
+from conveyor.types import Task, ToolCall, Trajectory
 
 Domain = Literal["airline", "retail"]
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -64,13 +64,17 @@ _TOOLS = {"airline": airline, "retail": retail}
 _SPLIT_SALT = "tau2/eval-or-test/"
 
 
+def _all_domains() -> list[Domain]:
+    return ["airline", "retail"]
+
+
 class Tau2Options(BaseModel):
     """`tasks.options.tau2`."""
 
     model_config = ConfigDict(extra="forbid")
 
     domains: list[Domain] = Field(
-        default_factory=lambda: ["airline", "retail"], min_length=1, description="Domains served."
+        default_factory=_all_domains, min_length=1, description="Domains served."
     )
     max_user_turns: int = Field(
         default=10, gt=0, description="Most replies of the simulated user in one rollout."

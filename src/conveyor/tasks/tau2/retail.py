@@ -93,11 +93,18 @@ def _address(
 
 @tool
 async def cancel_pending_order(order_id: str, reason: str, ctx: ToolContext) -> str:
-    """Cancel a pending order. If the order is already processed or delivered, it cannot be cancelled. The agent needs to explain the cancellation detail and ask for explicit user confirmation (yes/no) to proceed. If the user confirms, the order status will be changed to 'cancelled' and the payment will be refunded. The refund will be added to the user's gift card balance immediately if the payment was made using a gift card, otherwise the refund would take 5-7 business days to process. The function returns the order details after the cancellation.
+    """Cancel a pending order. If the order is already processed or delivered, it cannot be
+    cancelled. The agent needs to explain the cancellation detail and ask for explicit user
+    confirmation (yes/no) to proceed. If the user confirms, the order status will be changed to
+    'cancelled' and the payment will be refunded. The refund will be added to the user's gift card
+    balance immediately if the payment was made using a gift card, otherwise the refund would take
+    5-7 business days to process. The function returns the order details after the cancellation.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
-        reason: The reason for cancellation, which should be either 'no longer needed' or 'ordered by mistake'.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
+        reason: The reason for cancellation, which should be either 'no longer needed' or
+            'ordered by mistake'.
     """
     db = _db(ctx)
     order = _order(db, order_id)
@@ -133,13 +140,21 @@ async def exchange_delivered_order_items(
     payment_method_id: str,
     ctx: ToolContext,
 ) -> str:
-    """Exchange items in a delivered order to new items of the same product type. For a delivered order, return or exchange can be only done once by the agent. The agent needs to explain the exchange detail and ask for explicit user confirmation (yes/no) to proceed.
+    """Exchange items in a delivered order to new items of the same product type. For a delivered
+    order, return or exchange can be only done once by the agent. The agent needs to explain the
+    exchange detail and ask for explicit user confirmation (yes/no) to proceed.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
-        item_ids: The item ids to be exchanged, each such as '1008292230'. There could be duplicate items in the list.
-        new_item_ids: The item ids to be exchanged for, each such as '1008292230'. There could be duplicate items in the list. Each new item id should match the item id in the same position and be of the same product.
-        payment_method_id: The payment method id to pay or receive refund for the item price difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up from the user or order details.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
+        item_ids: The item ids to be exchanged, each such as '1008292230'. There could be
+            duplicate items in the list.
+        new_item_ids: The item ids to be exchanged for, each such as '1008292230'. There could
+            be duplicate items in the list. Each new item id should match the item id in the same
+            position and be of the same product.
+        payment_method_id: The payment method id to pay or receive refund for the item price
+            difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up
+            from the user or order details.
     """
     db = _db(ctx)
     order = _order(db, order_id)
@@ -171,7 +186,9 @@ async def exchange_delivered_order_items(
 async def find_user_id_by_name_zip(
     first_name: str, last_name: str, zip: str, ctx: ToolContext
 ) -> str:
-    """Find user id by first name, last name, and zip code. If the user is not found, the function will return an error message. By default, find user id by email, and only call this function if the user is not found by email or cannot remember email.
+    """Find user id by first name, last name, and zip code. If the user is not found, the function
+    will return an error message. By default, find user id by email, and only call this function if
+    the user is not found by email or cannot remember email.
 
     Args:
         first_name: The first name of the customer, such as 'John'.
@@ -207,7 +224,8 @@ async def get_order_details(order_id: str, ctx: ToolContext) -> str:
     """Get the status and details of an order.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
     """
     return dump(_order(_db(ctx), order_id))
 
@@ -217,7 +235,8 @@ async def get_product_details(product_id: str, ctx: ToolContext) -> str:
     """Get the inventory details of a product.
 
     Args:
-        product_id: The product id, such as '6086499569'. Be careful the product id is different from the item id.
+        product_id: The product id, such as '6086499569'. Be careful the product id is different
+            from the item id.
     """
     return dump(_product(_db(ctx), product_id))
 
@@ -234,7 +253,9 @@ async def get_user_details(user_id: str, ctx: ToolContext) -> str:
 
 @tool
 async def list_all_product_types(ctx: ToolContext) -> str:
-    """List the name and product id of all product types. Each product type has a variety of different items with unique item ids and options. There are only 50 product types in the store."""
+    """List the name and product id of all product types. Each product type has a variety of
+    different items with unique item ids and options. There are only 50 product types in the
+    store."""
     products = _db(ctx)["products"].values()
     return dump(dict(sorted((p["name"], p["product_id"]) for p in products)))
 
@@ -250,10 +271,12 @@ async def modify_pending_order_address(
     zip: str,
     ctx: ToolContext,
 ) -> str:
-    """Modify the shipping address of a pending order. The agent needs to explain the modification detail and ask for explicit user confirmation (yes/no) to proceed.
+    """Modify the shipping address of a pending order. The agent needs to explain the modification
+    detail and ask for explicit user confirmation (yes/no) to proceed.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
         address1: The first line of the address, such as '123 Main St'.
         address2: The second line of the address, such as 'Apt 1' or ''.
         city: The city, such as 'San Francisco'.
@@ -276,13 +299,21 @@ async def modify_pending_order_items(
     payment_method_id: str,
     ctx: ToolContext,
 ) -> str:
-    """Modify items in a pending order to new items of the same product type. For a pending order, this function can only be called once. The agent needs to explain the exchange detail and ask for explicit user confirmation (yes/no) to proceed.
+    """Modify items in a pending order to new items of the same product type. For a pending order,
+    this function can only be called once. The agent needs to explain the exchange detail and ask
+    for explicit user confirmation (yes/no) to proceed.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
-        item_ids: The item ids to be modified, each such as '1008292230'. There could be duplicate items in the list.
-        new_item_ids: The item ids to be modified for, each such as '1008292230'. There could be duplicate items in the list. Each new item id should match the item id in the same position and be of the same product.
-        payment_method_id: The payment method id to pay or receive refund for the item price difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up from the user or order details.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
+        item_ids: The item ids to be modified, each such as '1008292230'. There could be
+            duplicate items in the list.
+        new_item_ids: The item ids to be modified for, each such as '1008292230'. There could be
+            duplicate items in the list. Each new item id should match the item id in the same
+            position and be of the same product.
+        payment_method_id: The payment method id to pay or receive refund for the item price
+            difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up
+            from the user or order details.
     """
     db = _db(ctx)
     order = _order(db, order_id)
@@ -329,11 +360,15 @@ async def modify_pending_order_items(
 async def modify_pending_order_payment(
     order_id: str, payment_method_id: str, ctx: ToolContext
 ) -> str:
-    """Modify the payment method of a pending order. The agent needs to explain the modification detail and ask for explicit user confirmation (yes/no) to proceed.
+    """Modify the payment method of a pending order. The agent needs to explain the modification
+    detail and ask for explicit user confirmation (yes/no) to proceed.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
-        payment_method_id: The payment method id to pay or receive refund for the item price difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up from the user or order details.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
+        payment_method_id: The payment method id to pay or receive refund for the item price
+            difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up
+            from the user or order details.
     """
     db = _db(ctx)
     order = _order(db, order_id)
@@ -378,7 +413,8 @@ async def modify_user_address(
     zip: str,
     ctx: ToolContext,
 ) -> str:
-    """Modify the default address of a user. The agent needs to explain the modification detail and ask for explicit user confirmation (yes/no) to proceed.
+    """Modify the default address of a user. The agent needs to explain the modification detail and
+    ask for explicit user confirmation (yes/no) to proceed.
 
     Args:
         user_id: The user id, such as 'sara_doe_496'.
@@ -398,12 +434,18 @@ async def modify_user_address(
 async def return_delivered_order_items(
     order_id: str, item_ids: list[str], payment_method_id: str, ctx: ToolContext
 ) -> str:
-    """Return some items of a delivered order. The order status will be changed to 'return requested'. The agent needs to explain the return detail and ask for explicit user confirmation (yes/no) to proceed. The user will receive follow-up email for how and where to return the item.
+    """Return some items of a delivered order. The order status will be changed to 'return
+    requested'. The agent needs to explain the return detail and ask for explicit user confirmation
+    (yes/no) to proceed. The user will receive follow-up email for how and where to return the item.
 
     Args:
-        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the beginning of the order id.
-        item_ids: The item ids to be returned, each such as '1008292230'. There could be duplicate items in the list.
-        payment_method_id: The payment method id to pay or receive refund for the item price difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up from the user or order details.
+        order_id: The order id, such as '#W0000000'. Be careful there is a '#' symbol at the
+            beginning of the order id.
+        item_ids: The item ids to be returned, each such as '1008292230'. There could be
+            duplicate items in the list.
+        payment_method_id: The payment method id to pay or receive refund for the item price
+            difference, such as 'gift_card_0000000' or 'credit_card_0000000'. These can be looked up
+            from the user or order details.
     """
     db = _db(ctx)
     order = _order(db, order_id)
