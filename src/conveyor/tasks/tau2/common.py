@@ -3,7 +3,7 @@ the conversation with the simulated user, the tools' error type, object-typed pa
 two domain-independent tools (`calculate`, `transfer_to_human_agents`).
 
 The database is the domain's db.json as loaded (plain dicts and lists), one private copy per
-rollout; tools change it in place and the grader hashes it (`data.db_hash`).
+rollout; tools change it in place and the grader digests what changed (`data.state_digest`).
 """
 
 from __future__ import annotations

@@ -64,6 +64,35 @@ def load_db(domain: str) -> dict[str, Any]:
 
 
 @functools.cache
+def base_db(domain: str) -> dict[str, Any]:
+    """The initial database, parsed once and shared: never to be changed (compare only)."""
+    return load_db(domain)
+
+
+def changes(db: dict[str, Any], domain: str) -> dict[str, dict[str, Any]]:
+    """The records of `db` that differ from the initial database: table -> key -> record
+    (None where the record is gone). Two databases grown from the initial one by the same
+    tools are equal exactly when their changes are."""
+    base = base_db(domain)
+    out: dict[str, dict[str, Any]] = {}
+    for table in sorted(set(db) | set(base)):
+        now, then = db.get(table, {}), base.get(table, {})
+        changed = {
+            key: now.get(key) for key in set(now) | set(then) if now.get(key) != then.get(key)
+        }
+        if changed:
+            out[table] = changed
+    return out
+
+
+def state_digest(db: dict[str, Any], domain: str) -> str:
+    """SHA-256 of the canonical JSON of `changes(db)`: equal for equal database states (the
+    fast form of `db_hash` for databases of one domain)."""
+    text = json.dumps(canonical(changes(db, domain)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
 def raw_tasks(domain: str) -> tuple[dict[str, Any], ...]:
     """The domain's tasks as tasks.json holds them, in file order."""
     records = json.loads(domain_file(domain, "tasks.json").read_text(encoding="utf-8"))

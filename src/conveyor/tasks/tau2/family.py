@@ -8,7 +8,8 @@ the conversation with ``###STOP###`` (or ``###TRANSFER###`` / ``###OUT-OF-SCOPE#
 reply from the agent also ends it, and so does the user-turn budget.
 
 Reward, as tau2-bench (inspect-evals' airline and retail scorers) grades these domains: 1.0 when
-the final database equals the database the task's reference actions produce (canonical hash)
+the final database equals the database the task's reference actions produce (a canonical hash of
+the records that differ from the initial database)
 AND every `communicate_info` string occurs in what the agent said to the customer (lowercased,
 commas dropped), else 0.0. The breakdown holds both parts. Tasks that neither change the database
 nor require information (refusals, which tau2-bench judges by natural-language assertions) would
@@ -17,7 +18,6 @@ reward doing nothing, so they are left out unless `include_unverifiable` is set.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import json
@@ -125,12 +125,20 @@ def verifiable(source: _Source) -> bool:
 
 
 def split_of_source(source: _Source) -> str:
-    """tau2-bench's train tasks are ours; its test tasks are halved into eval and test by a
-    hash of the task's key."""
+    """tau2-bench's train tasks are ours; its test tasks are halved into eval and test: ranked
+    by a hash of their key within their domain, alternately (so each domain has both)."""
     if data.source_splits(source.domain)[source.source_id] == "train":
         return "train"
-    bucket = int.from_bytes(hashlib.sha256((_SPLIT_SALT + source.key).encode()).digest()[:8], "big")
-    return "eval" if bucket % 2 == 0 else "test"
+    return _eval_or_test(source.domain)[source.source_id]
+
+
+@functools.cache
+def _eval_or_test(domain: str) -> dict[str, str]:
+    held_out = [i for i, split in data.source_splits(domain).items() if split == "test"]
+    ranked = sorted(
+        held_out, key=lambda i: hashlib.sha256(f"{_SPLIT_SALT}{domain}/{i}".encode()).hexdigest()
+    )
+    return {i: ("eval" if rank % 2 == 0 else "test") for rank, i in enumerate(ranked)}
 
 
 def sources(domain: str) -> list[_Source]:
@@ -250,6 +258,14 @@ class Tau2Family:
         random.Random(f"{self.name}/{seed}/{split}").shuffle(pool)
         return [self._task(source, split, index) for index, source in enumerate(pool[:n])]
 
+    def task_of(self, domain: str, source_id: str, split: str = "eval", index: int = 0) -> Task:
+        """The task built from tau2's task `source_id` of `domain`, whatever its split (for
+        tests and debugging; `make_tasks` is what runs use)."""
+        for source in sources(domain):
+            if source.source_id == source_id:
+                return self._task(source, split, index)
+        raise KeyError(f"tau2 {domain} has no task {source_id!r}")
+
     def _task(self, source: _Source, split: str, index: int) -> Task:
         return Task(
             id=task_id(self.name, split, index),
@@ -335,16 +351,16 @@ class Tau2Family:
         """The grade of a finished rollout's world; `tool_outputs` are what the agent's tool
         calls returned (values seen there may be said without counting as guesses)."""
         domain = task.data["domain"]
-        final = await asyncio.to_thread(data.db_hash, world.db)
-        expected = await expected_hash(domain, task.data["source_id"])
+        final = data.state_digest(world.db, domain)
+        expected = await expected_digest(domain, task.data["source_id"])
         text = heard_text(world.heard)
         missing = [info for info in task.data["communicate_info"] if info.lower() not in text]
         foreign = self._foreign_said(task, world, text, tool_outputs)
         db_ok = final == expected
         info_ok = not missing and len(foreign) <= self.options.max_foreign_info
         record = {
-            "db_hash": final,
-            "expected_db_hash": expected,
+            "db_changes_digest": final,
+            "expected_db_changes_digest": expected,
             "missing_info": missing,
             "foreign_info_said": foreign,
         }
@@ -361,7 +377,8 @@ class Tau2Family:
         neither a tool output nor the customer gave them: naming every candidate answer is not
         knowing which one is right."""
         own = {info.lower() for info in task.data["communicate_info"]}
-        grounded = "\n".join(m["content"] for m in world.user_messages).lower()
+        customer = [m["content"] for m in world.user_messages[1:] if m["role"] == "assistant"]
+        grounded = "\n".join(customer).lower()
         grounded += "\n" + "\n".join(tool_outputs).lower()
         return sorted(
             info
@@ -404,14 +421,13 @@ def domain_info(domain: str) -> frozenset[str]:
 _EXPECTED: dict[tuple[str, str], str] = {}
 
 
-async def expected_hash(domain: str, source_id: str) -> str:
-    """The canonical hash of the database after the task's reference actions, replayed with
+async def expected_digest(domain: str, source_id: str) -> str:
+    """The `state_digest` of the database after the task's reference actions, replayed with
     our tools as inspect-evals' `get_expected_db` replays them with the originals (cached)."""
     key = (domain, source_id)
     if key not in _EXPECTED:
         source = next(s for s in sources(domain) if s.source_id == source_id)
-        db = await replay(domain, source.actions)
-        _EXPECTED[key] = await asyncio.to_thread(data.db_hash, db)
+        _EXPECTED[key] = data.state_digest(await replay(domain, source.actions), domain)
     return _EXPECTED[key]
 
 
