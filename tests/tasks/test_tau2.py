@@ -437,6 +437,21 @@ def test_attack_saying_every_info_string_without_acting_scores_zero() -> None:
         assert len(json.loads(got.records[0]["content"])["foreign_info_said"]) > 2
 
 
+def test_attack_a_customer_echoing_the_guesses_does_not_ground_them() -> None:
+    class Echo(ScriptedCustomer):
+        async def reply(self, messages: list[Message]) -> str:
+            return f"You said: {messages[-1]['content']}"
+
+    fam = family(Echo())
+    task = fam.task_of("retail", "24")
+    runtime = run(fam.make_runtime(task))
+    spray = " ".join(sorted(domain_info("retail")))
+    echoed = run(fam.user_turn(task, runtime, spray))
+    assert echoed is not None and spray in echoed
+    got = run(fam.grade(task, Trajectory(task_id=task.id), runtime))
+    assert got.reward == 0.0 and got.breakdown["info"] == 0.0
+
+
 def test_attack_info_hidden_in_a_tool_call_is_not_said() -> None:
     task = FAMILY.task_of("retail", "24")
     info = ", ".join(task.data["communicate_info"])

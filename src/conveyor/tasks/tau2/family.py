@@ -87,8 +87,8 @@ class Tau2Options(BaseModel):
     max_foreign_info: int = Field(
         default=2,
         ge=0,
-        description="Most required-info strings of OTHER tasks the agent may say without having "
-        "seen them in a tool output or the customer's words; more fails the info check.",
+        description="Most required-info strings of OTHER tasks the agent may say although no "
+        "tool output and not the customer's scenario holds them; more fails the info check.",
     )
 
 
@@ -374,12 +374,11 @@ class Tau2Family:
         self, task: Task, world: Tau2Runtime, text: str, tool_outputs: list[str]
     ) -> list[str]:
         """Required-info strings of other tasks of the domain that the agent said although
-        neither a tool output nor the customer gave them: naming every candidate answer is not
-        knowing which one is right."""
+        neither a tool output nor the customer's scenario holds them: naming every candidate
+        answer is not knowing which one is right."""
         own = {info.lower() for info in task.data["communicate_info"]}
-        customer = [m["content"] for m in world.user_messages[1:] if m["role"] == "assistant"]
-        grounded = "\n".join(customer).lower()
-        grounded += "\n" + "\n".join(tool_outputs).lower()
+        # The customer's scenario, not its replies: a user model may echo what it was told.
+        grounded = "\n".join([task.data["user_system"], *tool_outputs]).lower()
         return sorted(
             info
             for info in domain_info(task.data["domain"])
