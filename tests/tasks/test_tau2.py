@@ -507,7 +507,7 @@ def test_values_the_agent_looked_up_are_not_guesses() -> None:
 # -- through the real loop ------------------------------------------------------------------
 
 
-def _config(max_turns: int = 40, max_completion_tokens: int = 256) -> Any:
+def _config(max_turns: int = 40, max_completion_tokens: int = 512) -> Any:
     from conveyor.config import load_config
 
     return load_config(
