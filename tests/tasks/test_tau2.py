@@ -329,10 +329,11 @@ def test_tools_without_their_runtime_are_an_infrastructure_failure() -> None:
 
 @pytest.mark.parametrize(
     ("domain", "source_id"),
-    [("airline", "2"), ("airline", "7"), ("retail", "2"), ("retail", "12"), ("retail", "21")],
+    [("airline", "7"), ("retail", "2"), ("retail", "21")],
 )
 def test_parity_with_the_original_tools_on_a_sample(domain: str, source_id: str) -> None:
-    """The fast sample of the parity test: tasks with bookings, refused actions, many steps."""
+    """The fast sample of the parity test: flight changes and cancellations, refused actions,
+    many steps."""
     check_parity(domain, source_id)
 
 
@@ -417,7 +418,7 @@ def test_the_reference_actions_and_the_info_score_one() -> None:
 
 def test_attack_doing_nothing_scores_zero() -> None:
     for split in ("eval", "test"):
-        for task in FAMILY.make_tasks(3, 0, split):
+        for task in FAMILY.make_tasks(2, 0, split):
             runtime = run(FAMILY.make_runtime(task))
             assert grade(task, runtime, [""]).reward == 0.0, task.data
 
