@@ -1,0 +1,445 @@
+"""tau2-bench's airline (50 tasks) and retail (114 tasks) customer-service domains as a
+conversational task family.
+
+The agent serves a simulated customer under the domain's policy, with the domain's tools over a
+private copy of its database. The customer is a chat model (`services.user()`, from
+`tasks.user_engine`) prompted with tau2-bench's user guidelines and the task's scenario; it ends
+the conversation with ``###STOP###`` (or ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``). An empty
+reply from the agent also ends it, and so does the user-turn budget.
+
+Reward, as tau2-bench (inspect-evals' airline and retail scorers) grades these domains: 1.0 when
+the final database equals the database the task's reference actions produce (a canonical hash of
+the records that differ from the initial database)
+AND every `communicate_info` string occurs in what the agent said to the customer (lowercased,
+commas dropped), else 0.0. The breakdown holds both parts. Tasks that neither change the database
+nor require information (refusals, which tau2-bench judges by natural-language assertions) would
+reward doing nothing, so they are left out unless `include_unverifiable` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.agent.chat_client import ChatClient
+from conveyor.agent.parsing import format_tool_call
+from conveyor.agent.tools import ToolContext, ToolRegistry
+from conveyor.config import RuntimeConfig
+from conveyor.runtime.base import Runtime, RuntimeFailure
+from conveyor.runtime.selection import choose_runtime
+from conveyor.tasks.family import (
+    FamilyServices,
+    Grade,
+    family_options,
+    register_family,
+    say,
+    task_id,
+)
+from conveyor.tasks.tau2 import airline, data, retail
+from conveyor.tasks.tau2.common import Tau2Runtime
+from conveyor.types import Task, ToolCall, Trajectory
+
+Domain = Literal["airline", "retail"]
+STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
+GREETING = "Hi! How can I help you today?"
+# The customer's first message, fixed so that a task's prompt needs no model; the user model
+# sees it as its own opening line and goes on from the agent's answer to it.
+OPENING = "Hi!"
+BEGIN = (
+    "Begin the interaction. Remember you are the customer, and you are interacting with a "
+    "customer service agent."
+)
+# Tasks whose every database-changing reference action is refused by the original tools (so the
+# expected database is the initial one) and that require no information: nothing to verify.
+# The test suite checks this list against the recorded original results.
+_REFUSED_WRITES = {"retail": frozenset({"12", "105"}), "airline": frozenset[str]()}
+_TOOLS = {"airline": airline, "retail": retail}
+_SPLIT_SALT = "tau2/eval-or-test/"
+
+
+def _all_domains() -> list[Domain]:
+    return ["airline", "retail"]
+
+
+class Tau2Options(BaseModel):
+    """`tasks.options.tau2`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    domains: list[Domain] = Field(
+        default_factory=_all_domains, min_length=1, description="Domains served."
+    )
+    max_user_turns: int = Field(
+        default=10, gt=0, description="Most replies of the simulated user in one rollout."
+    )
+    include_unverifiable: bool = Field(
+        default=False,
+        description="Also serve tasks that change nothing and require no information (an "
+        "agent that does nothing scores 1.0 on them).",
+    )
+    max_foreign_info: int = Field(
+        default=2,
+        ge=0,
+        description="Most required-info strings of OTHER tasks the agent may say although no "
+        "tool output and not the customer's scenario holds them; more fails the info check.",
+    )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One task of tau2-bench, as the family serves it."""
+
+    domain: str
+    source_id: str
+    record: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.domain}/{self.source_id}"
+
+    @property
+    def actions(self) -> list[dict[str, Any]]:
+        return list(self.record["evaluation_criteria"].get("actions") or [])
+
+    @property
+    def info(self) -> list[str]:
+        return [str(i) for i in self.record["evaluation_criteria"].get("communicate_info") or []]
+
+
+def verifiable(source: _Source) -> bool:
+    """Whether doing nothing fails the task: it requires information, or a reference action
+    that the original tools accept changes the database."""
+    if source.info:
+        return True
+    writes = _TOOLS[source.domain].WRITES
+    if source.source_id in _REFUSED_WRITES[source.domain]:
+        return False
+    return any(action["name"] in writes for action in source.actions)
+
+
+def split_of_source(source: _Source) -> str:
+    """tau2-bench's train tasks are ours; its test tasks are halved into eval and test: ranked
+    by a hash of their key within their domain, alternately (so each domain has both)."""
+    if data.source_splits(source.domain)[source.source_id] == "train":
+        return "train"
+    return _eval_or_test(source.domain)[source.source_id]
+
+
+@functools.cache
+def _eval_or_test(domain: str) -> dict[str, str]:
+    held_out = [i for i, split in data.source_splits(domain).items() if split == "test"]
+    ranked = sorted(
+        held_out, key=lambda i: hashlib.sha256(f"{_SPLIT_SALT}{domain}/{i}".encode()).hexdigest()
+    )
+    return {i: ("eval" if rank % 2 == 0 else "test") for rank, i in enumerate(ranked)}
+
+
+def sources(domain: str) -> list[_Source]:
+    """Every task of a domain, in tasks.json order."""
+    return [_Source(domain, str(r["id"]), r) for r in data.raw_tasks(domain)]
+
+
+def scenario_text(record: dict[str, Any]) -> str:
+    """The user scenario as tau2-bench writes it for the user simulator."""
+    scenario = record["user_scenario"]
+    lines: list[str] = []
+    if scenario.get("persona"):
+        lines += ["Persona:", _indent(scenario["persona"])]
+    instructions = scenario["instructions"]
+    if isinstance(instructions, str):
+        body = instructions
+    else:
+        parts = [
+            f"Domain: {instructions['domain']}",
+            f"Reason for call:\n{_indent(instructions['reason_for_call'])}",
+        ]
+        if instructions.get("known_info") is not None:
+            parts.append(f"Known info:\n{_indent(instructions['known_info'])}")
+        if instructions.get("unknown_info") is not None:
+            parts.append(f"Unknown info:\n{_indent(instructions['unknown_info'])}")
+        parts.append(f"Task instructions:\n{_indent(instructions['task_instructions'])}")
+        body = "\n".join(parts)
+    lines += ["Instructions:", _indent(body)]
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"\t{line}" if line.strip() else line for line in text.split("\n"))
+
+
+def user_system_prompt(record: dict[str, Any]) -> str:
+    """The simulated user's system prompt: tau2-bench's guidelines and the task's scenario."""
+    return f"{data.user_guidelines()}\n<scenario>\n{scenario_text(record)}\n</scenario>\n"
+
+
+def agent_system_prompt(domain: str) -> str:
+    """The agent's system prompt: how to talk and call tools, then the domain's policy."""
+    example = format_tool_call(
+        ToolCall(name="calculate", arguments={"expression": "(120 + 80) * 2"}), "hermes"
+    )
+    return (
+        "You are a customer service agent. Help the customer according to the policy below.\n"
+        "Each turn, do exactly one of these:\n"
+        "- reply to the customer in plain text (no tool call), or\n"
+        "- call one tool, exactly like this:\n"
+        f"{example}\n"
+        "and wait for its result. The customer sees only your plain-text replies, never tool "
+        "calls or their results. An empty reply ends the conversation.\n"
+        "<policy>\n"
+        f"{data.policy(domain)}\n"
+        "</policy>"
+    )
+
+
+def heard_text(heard: list[str]) -> str:
+    """What the customer heard, as tau2-bench compares it: lowercased, commas dropped."""
+    return "\n".join(heard).lower().replace(",", "")
+
+
+def _mentions(text: str, needle: str) -> bool:
+    """`needle` in `text` as a whole token (not inside a longer word or number)."""
+    pattern = rf"(?<![a-z0-9.]){re.escape(needle)}(?![a-z0-9]|\.[0-9])"
+    return re.search(pattern, text) is not None
+
+
+@register_family
+class Tau2Family:
+    """tau2-bench airline and retail; tools per domain, a simulated customer, DB + info reward.
+
+    `Task.data`: `domain`, `source_id` (tau2's task id), `actions` (the reference actions),
+    `communicate_info`, `user_system` (the simulated user's system prompt).
+    """
+
+    name = "tau2"
+    splits = ("train", "eval", "test")
+    source = f"tau2-bench airline+retail via inspect-evals=={data.PACKAGE_VERSION}"
+    version = data.PACKAGE_VERSION
+    runtimes: tuple[str, ...] = ("simulated",)
+
+    def __init__(
+        self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
+    ) -> None:
+        self.runtime = runtime if runtime is not None else RuntimeConfig()
+        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.services = services if services is not None else FamilyServices()
+        self.options = family_options(self.name, Tau2Options, self.services.options)
+        self._user: ChatClient | None = None
+
+    # -- instances ------------------------------------------------------------------------
+    def served(self, split: str) -> list[_Source]:
+        """The tasks of `split` this family serves, in a fixed order."""
+        if split not in self.splits:
+            raise ValueError(f"unknown split '{split}'; expected one of {', '.join(self.splits)}")
+        return [
+            source
+            for domain in self.options.domains
+            for source in sources(domain)
+            if split_of_source(source) == split
+            and (self.options.include_unverifiable or verifiable(source))
+        ]
+
+    def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
+        """`n` distinct tasks of `split` in a seeded order (a larger `n` extends a smaller)."""
+        if n < 0:
+            raise ValueError(f"n must be non-negative, got {n}")
+        pool = self.served(split)
+        if n > len(pool):
+            raise ValueError(
+                f"task family 'tau2' has only {len(pool)} '{split}' tasks in "
+                f"{'+'.join(self.options.domains)}, {n} asked"
+            )
+        random.Random(f"{self.name}/{seed}/{split}").shuffle(pool)
+        return [self._task(source, split, index) for index, source in enumerate(pool[:n])]
+
+    def task_of(self, domain: str, source_id: str, split: str = "eval", index: int = 0) -> Task:
+        """The task built from tau2's task `source_id` of `domain`, whatever its split (for
+        tests and debugging; `make_tasks` is what runs use)."""
+        for source in sources(domain):
+            if source.source_id == source_id:
+                return self._task(source, split, index)
+        raise KeyError(f"tau2 {domain} has no task {source_id!r}")
+
+    def _task(self, source: _Source, split: str, index: int) -> Task:
+        return Task(
+            id=task_id(self.name, split, index),
+            family=self.name,
+            prompt=[
+                {"role": "system", "content": agent_system_prompt(source.domain)},
+                {"role": "user", "content": OPENING},
+            ],
+            data={
+                "domain": source.domain,
+                "source_id": source.source_id,
+                "actions": source.actions,
+                "communicate_info": source.info,
+                "user_system": user_system_prompt(source.record),
+            },
+            split=split,
+        )
+
+    # -- tools and runtime --------------------------------------------------------------
+    def tools(self) -> ToolRegistry:
+        """Every tool of every served domain (a rollout sees only its domain's: `tools_for`)."""
+        seen: dict[str, Any] = {}
+        for domain in self.options.domains:
+            for item in _TOOLS[domain].TOOLS:
+                seen.setdefault(item.name, item)
+        return ToolRegistry(seen.values())
+
+    def tools_for(self, task: Task) -> ToolRegistry:
+        """The tools of the task's domain."""
+        registry: ToolRegistry = _TOOLS[task.data["domain"]].registry()
+        return registry
+
+    async def make_runtime(self, task: Task) -> Runtime:
+        """A started runtime holding a fresh copy of the domain's database."""
+        runtime = Tau2Runtime(task.data["domain"], data.load_db(task.data["domain"]))
+        await runtime.start()
+        return runtime
+
+    # -- the simulated customer ---------------------------------------------------------
+    def user_client(self) -> ChatClient:
+        """The simulated customer's chat client (`tasks.user_engine`), built on first use."""
+        if self._user is None:
+            if self.services.user is None:
+                raise RuntimeFailure(
+                    "the tau2 family needs a user model: set tasks.user_engine (a run builds "
+                    "one by default)"
+                )
+            self._user = self.services.user()
+        return self._user
+
+    async def user_turn(self, task: Task, runtime: Runtime | None, reply: str) -> str | None:
+        """The customer's answer to the agent's text `reply`; None ends the conversation (an
+        empty reply, a stop token, or the user-turn budget spent)."""
+        world = _world(runtime)
+        world.heard.append(reply)
+        if not reply.strip() or world.user_turns >= self.options.max_user_turns:
+            return None
+        if not world.user_messages:
+            world.user_messages = [
+                {"role": "system", "content": task.data["user_system"]},
+                {"role": "user", "content": BEGIN},
+                {"role": "assistant", "content": OPENING},
+            ]
+        world.user_messages.append({"role": "user", "content": reply})
+        said = (await self.user_client().reply(list(world.user_messages))).strip()
+        world.user_messages.append({"role": "assistant", "content": said})
+        world.user_turns += 1
+        if any(token in said for token in STOP_TOKENS):
+            return None
+        return said
+
+    # -- grading ------------------------------------------------------------------------
+    async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
+        """Database match and required information, each 0/1; the reward is their AND."""
+        outputs = [str(m.get("content") or "") for m in trajectory.messages if m["role"] == "tool"]
+        return await self.judge(task, _world(runtime), outputs)
+
+    async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
+        """The reward of `grade` without a trajectory (no tool output grounds a value)."""
+        return (await self.judge(task, _world(runtime), [])).reward
+
+    async def judge(self, task: Task, world: Tau2Runtime, tool_outputs: list[str]) -> Grade:
+        """The grade of a finished rollout's world; `tool_outputs` are what the agent's tool
+        calls returned (values seen there may be said without counting as guesses)."""
+        domain = task.data["domain"]
+        final = data.state_digest(world.db, domain)
+        expected = await expected_digest(domain, task.data["source_id"])
+        text = heard_text(world.heard)
+        missing = [info for info in task.data["communicate_info"] if info.lower() not in text]
+        foreign = self._foreign_said(task, world, text, tool_outputs)
+        db_ok = final == expected
+        info_ok = not missing and len(foreign) <= self.options.max_foreign_info
+        record = {
+            "db_changes_digest": final,
+            "expected_db_changes_digest": expected,
+            "missing_info": missing,
+            "foreign_info_said": foreign,
+        }
+        return Grade(
+            reward=1.0 if db_ok and info_ok else 0.0,
+            breakdown={"db": float(db_ok), "info": float(info_ok)},
+            records=[{"role": "tau2_grade", "content": json.dumps(record, sort_keys=True)}],
+        )
+
+    def _foreign_said(
+        self, task: Task, world: Tau2Runtime, text: str, tool_outputs: list[str]
+    ) -> list[str]:
+        """Required-info strings of other tasks of the domain that the agent said although
+        neither a tool output nor the customer's scenario holds them: naming every candidate
+        answer is not knowing which one is right."""
+        own = {info.lower() for info in task.data["communicate_info"]}
+        # The customer's scenario, not its replies: a user model may echo what it was told.
+        grounded = "\n".join([task.data["user_system"], *tool_outputs]).lower()
+        return sorted(
+            info
+            for info in domain_info(task.data["domain"])
+            if info not in own
+            and _mentions(text, info)
+            and not _mentions(grounded.replace(",", ""), info)
+        )
+
+    # -- oracle ---------------------------------------------------------------------------
+    def oracle_calls(self, task: Task) -> list[ToolCall]:
+        """Greet, replay the reference actions, tell the required information, then end."""
+        info = task.data["communicate_info"]
+        closing = (
+            "Here is what you asked about: " + "; ".join(info) + "."
+            if info
+            else "Your request has been handled."
+        )
+        actions = [
+            ToolCall(name=action["name"], arguments=dict(action["arguments"]))
+            for action in task.data["actions"]
+        ]
+        return [say(GREETING), *actions, say(closing), say("")]
+
+
+def _world(runtime: Runtime | None) -> Tau2Runtime:
+    if not isinstance(runtime, Tau2Runtime):
+        raise RuntimeFailure(f"a tau2 rollout needs its tau2 runtime, got {runtime!r}")
+    return runtime
+
+
+@functools.cache
+def domain_info(domain: str) -> frozenset[str]:
+    """Every required-info string of the domain's tasks, lowercased, commas dropped."""
+    return frozenset(
+        info.lower().replace(",", "") for source in sources(domain) for info in source.info
+    )
+
+
+_EXPECTED: dict[tuple[str, str], str] = {}
+
+
+async def expected_digest(domain: str, source_id: str) -> str:
+    """The `state_digest` of the database after the task's reference actions, replayed with
+    our tools as inspect-evals' `get_expected_db` replays them with the originals (cached)."""
+    key = (domain, source_id)
+    if key not in _EXPECTED:
+        source = next(s for s in sources(domain) if s.source_id == source_id)
+        _EXPECTED[key] = data.state_digest(await replay(domain, source.actions), domain)
+    return _EXPECTED[key]
+
+
+async def replay(domain: str, actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A fresh database after `actions`, each run through the tool registry (arguments
+    validated as a model's would be); refused actions leave it as they find it."""
+    registry = _TOOLS[domain].registry()
+    world = Tau2Runtime(domain, data.load_db(domain))
+    ctx = ToolContext(task=_REPLAY_TASK, runtime=world)
+    for action in actions:
+        call = ToolCall(name=action["name"], arguments=dict(action["arguments"]))
+        await registry.execute(call, ctx, timeout_s=60.0, max_output_chars=10**9)
+    return world.db
+
+
+_REPLAY_TASK = Task(id="tau2-replay", family="tau2", prompt=[], data={})
