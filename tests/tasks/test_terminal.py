@@ -20,10 +20,15 @@ from conveyor.config import RuntimeConfig
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.docker import docker_available
 from conveyor.tasks.family import FamilyServices, split_of
-from conveyor.tasks.terminal import TerminalFamily, shipped_dir
+from conveyor.tasks.terminal import TerminalFamily, generated_dir, shipped_dir
 from conveyor.tasks.terminal.harbor import HarborFormatError, load_task, plan_environment
 from conveyor.tasks.terminal.sandbox import reward_from
-from conveyor.tasks.terminal_chores import CHORES, all_folders
+from conveyor.tasks.terminal_chores import (
+    CHORES,
+    SHIPPED_VARIANTS,
+    VARIANTS,
+    all_folders,
+)
 from conveyor.types import Task, ToolCall
 
 T = TypeVar("T")
@@ -75,13 +80,20 @@ def bash(command: str) -> ToolCall:
 
 
 def test_shipped_folders_are_what_the_generator_writes() -> None:
-    expected = all_folders()
-    assert len(expected) >= 10 and len(CHORES) >= 10
+    shipped = all_folders(SHIPPED_VARIANTS)
+    assert len(shipped) >= 10 and len(CHORES) >= 10
     on_disk = sorted(p.name for p in shipped_dir().iterdir() if p.is_dir())
-    assert on_disk == sorted(expected)
-    for name in ("log-error-counts-00", "fix-mean-script-07", "tiny-calc-cli-11"):
-        for relative, text in expected[name].items():
+    assert on_disk == sorted(shipped)
+    for name in ("log-error-counts-00", "fix-mean-script-00", "tiny-calc-cli-00"):
+        for relative, text in shipped[name].items():
             assert (shipped_dir() / name / relative).read_text() == text, (name, relative)
+    # the other variants are written into the cache, whole, and the family serves them all
+    generated = all_folders(VARIANTS, SHIPPED_VARIANTS)
+    assert sorted(p.name for p in generated_dir().iterdir()) == sorted(generated)
+    for name in ("fix-mean-script-07", "tiny-calc-cli-11"):
+        for relative, text in generated[name].items():
+            assert (generated_dir() / name / relative).read_text() == text, (name, relative)
+    assert sorted(FAMILY.tasks) == sorted(all_folders())
 
 
 def test_every_shipped_folder_is_harbor_shaped_and_runs_in_bubblewrap() -> None:
@@ -486,8 +498,11 @@ def test_only_a_number_in_range_or_the_exit_status_is_a_reward(
 
 @needs_bwrap
 @pytest.mark.slow
-def test_every_shipped_folder_fails_untouched_and_passes_after_its_solution() -> None:
-    for name in sorted(FAMILY.tasks):
+def test_every_chore_fails_untouched_and_passes_after_its_solution() -> None:
+    # the shipped variant and the last generated one of every chore (24 of 144 folders: one
+    # solve.sh solves every variant of its chore; the data differ)
+    names = [f"{chore}-{v:02d}" for chore in CHORES for v in (0, VARIANTS - 1)]
+    for name in names:
         task = task_named(FAMILY, name)
         assert run(rollout(FAMILY, task, []))[0] == 0.0, name
         reward, outcomes, record = run(rollout(FAMILY, task, FAMILY.oracle_calls(task)))

@@ -8,8 +8,10 @@ Each chore is a function of a seeded RNG returning one folder's files (the share
 trusts the workspace's copy of an input; code under test gets inputs drawn at verification time
 instead) and `solution/solve.sh` (which solves any variant of the chore). No file of the data is
 a Python module (so linters skip them). Variants differ in their data, file names and
-parameters. `python -m conveyor.tasks.terminal_chores OUT` writes every folder under `OUT` (the
-shipped `data/` was made so; a test checks it is unchanged).
+parameters. Variant 00 of each chore ships in `data/` (readable examples of the format; a test
+checks they are what this module writes); the other variants are written by this module into the
+cache on first use (`conveyor.tasks.terminal.generated_dir`), not stored in the repository.
+`python -m conveyor.tasks.terminal_chores OUT [FIRST VARIANTS]` writes folders under `OUT`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from conveyor.tasks.terminal_chores_layout import (
 )
 
 VARIANTS = 12
+# Variants 0 .. SHIPPED_VARIANTS-1 of each chore are shipped in `data/`; the rest are generated.
+SHIPPED_VARIANTS = 1
 
 
 def log_error_counts(rng: random.Random) -> Files:
@@ -348,19 +352,21 @@ CHORES: dict[str, Callable[[random.Random], Files]] = {
 }
 
 
-def all_folders(variants: int = VARIANTS) -> dict[str, Files]:
-    """Every shipped folder's files by folder name (`<chore>-<variant>`), deterministic."""
+def all_folders(variants: int = VARIANTS, first: int = 0) -> dict[str, Files]:
+    """The files of variants `first` .. `variants - 1` of every chore by folder name
+    (`<chore>-<variant>`), deterministic."""
     out: dict[str, Files] = {}
     for chore, make in CHORES.items():
-        for variant in range(variants):
+        for variant in range(first, variants):
             out[f"{chore}-{variant:02d}"] = make(random.Random(f"{chore}/{variant}"))
     return out
 
 
-def write_folders(root: Path, variants: int = VARIANTS) -> list[Path]:
-    """Write every folder under `root` (each replaced whole); shell scripts executable."""
+def write_folders(root: Path, variants: int = VARIANTS, first: int = 0) -> list[Path]:
+    """Write the folders of `all_folders(variants, first)` under `root` (each replaced whole);
+    shell scripts executable."""
     written = []
-    for name, files in all_folders(variants).items():
+    for name, files in all_folders(variants, first).items():
         folder = root / name
         shutil.rmtree(folder, ignore_errors=True)
         for relative, text in files.items():
@@ -374,4 +380,5 @@ def write_folders(root: Path, variants: int = VARIANTS) -> list[Path]:
 
 
 if __name__ == "__main__":
-    write_folders(Path(sys.argv[1]))
+    first, count = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (0, VARIANTS)
+    write_folders(Path(sys.argv[1]), variants=count, first=first)

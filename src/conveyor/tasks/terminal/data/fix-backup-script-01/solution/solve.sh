@@ -1,9 +1,0 @@
-#!/bin/bash
-set -euo pipefail
-cd /app
-cat > backup.sh <<'EOF'
-#!/bin/bash
-set -e
-mkdir -p "$2"
-cp "$1"/*.cfg "$2"/
-EOF

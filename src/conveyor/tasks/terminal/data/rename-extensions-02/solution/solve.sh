@@ -1,4 +1,0 @@
-#!/bin/bash
-set -euo pipefail
-cd /app
-for f in inbox/*.log; do mv -- "$f" "${f%.log}.txt"; done

@@ -1,4 +1,0 @@
-#!/bin/bash
-set -euo pipefail
-cd /app
-for f in inbox/*.jpeg; do mv -- "$f" "${f%.jpeg}.jpg"; done

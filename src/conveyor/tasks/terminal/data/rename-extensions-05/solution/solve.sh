@@ -1,4 +1,0 @@
-#!/bin/bash
-set -euo pipefail
-cd /app
-for f in notes/*.jpeg; do mv -- "$f" "${f%.jpeg}.jpg"; done
