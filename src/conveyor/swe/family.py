@@ -25,7 +25,7 @@ from conveyor.agent.codesearch.tool import search_code
 from conveyor.agent.swe_tools import make_bash_tool, str_replace_editor
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
-from conveyor.runtime.base import ExecResult, Runtime
+from conveyor.runtime.base import Runtime, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
@@ -68,12 +68,12 @@ def task_files() -> list[Path]:
     return sorted((swe_home() / "tasks").glob("*.jsonl"))
 
 
-class SweRuntime:
+class SweRuntime(RuntimeWrapper[Runtime]):
     """A rollout's runtime over a task workspace it owns (removed on close), with the task's
     row and code index. The commands run in `inner`, a runtime of the configured kind."""
 
     def __init__(self, inner: Runtime, workspace: Workspace, row: SweRow) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.task_workspace = workspace
         self.row = row
         self.code_index: CodeIndex | None = None
@@ -82,35 +82,6 @@ class SweRuntime:
     def workspace(self) -> Path:
         """The host folder the rollout's edits land in (what the grader diffs)."""
         return self.task_workspace.path
-
-    @property
-    def root(self) -> str:
-        """Where commands see the workspace (`/workspace` in a sandbox)."""
-        return str(getattr(self.inner, "root", "/workspace"))
-
-    async def start(self) -> None:
-        """Start the inner runtime."""
-        await self.inner.start()
-
-    async def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` in the inner runtime."""
-        return await self.inner.exec(command, timeout_s)
-
-    async def read_file(self, path: str) -> str:
-        """Read a file of the workspace."""
-        return await self.inner.read_file(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Write a file of the workspace."""
-        await self.inner.write_file(path, content)
-
-    async def list_dir(self, path: str) -> list[str]:
-        """List a folder of the workspace."""
-        return await self.inner.list_dir(path)
-
-    def alive(self) -> bool:
-        """Whether the inner runtime is usable."""
-        return self.inner.alive()
 
     async def close(self) -> None:
         """Close the inner runtime, then remove the workspace."""

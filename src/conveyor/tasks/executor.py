@@ -29,7 +29,7 @@ from typing import Any
 
 from conveyor.agent.tools import Tool, ToolContext, tool, truncate_output
 from conveyor.config import RuntimeConfig
-from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
+from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure, RuntimeWrapper
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
@@ -80,7 +80,7 @@ class CodeTimedOut(RuntimeError):
     """The code ran past its time limit and was killed (the policy's doing)."""
 
 
-class ExecutorRuntime:
+class ExecutorRuntime(RuntimeWrapper[Runtime]):
     """A started runtime over a temporary workspace it owns; `close` removes the workspace.
 
     Commands run in `inner`, a runtime of the chosen kind; `root` is where they see the
@@ -88,17 +88,13 @@ class ExecutorRuntime:
     """
 
     def __init__(self, inner: Runtime, workspace: Path) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.workspace = workspace
 
     @property
     def root(self) -> str:
         """The workspace as commands see it."""
         return str(getattr(self.inner, "root", self.workspace))
-
-    async def start(self) -> None:
-        """Start the inner runtime."""
-        await self.inner.start()
 
     async def exec(
         self, command: str, timeout_s: float, *, pass_fds: Sequence[int] = ()
@@ -110,22 +106,6 @@ class ExecutorRuntime:
             result: ExecResult = await runner.exec(command, timeout_s, pass_fds=pass_fds)
             return result
         return await self.inner.exec(command, timeout_s)
-
-    async def read_file(self, path: str) -> str:
-        """Read a file of the workspace."""
-        return await self.inner.read_file(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Write a file of the workspace."""
-        await self.inner.write_file(path, content)
-
-    async def list_dir(self, path: str) -> list[str]:
-        """List a folder of the workspace."""
-        return await self.inner.list_dir(path)
-
-    def alive(self) -> bool:
-        """Whether the inner runtime is usable."""
-        return self.inner.alive()
 
     async def close(self) -> None:
         """Close the inner runtime, then remove the workspace; safe to call more than once."""

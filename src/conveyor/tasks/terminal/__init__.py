@@ -46,7 +46,7 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, tool, truncate_output
 from conveyor.config import RuntimeConfig
 from conveyor.config.sections import AUTO
-from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
+from conveyor.runtime.base import Runtime, RuntimeFailure, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.docker import docker_available
 from conveyor.runtime.selection import started
@@ -166,11 +166,11 @@ async def finish(ctx: ToolContext, answer: str = "") -> str:
     return "Finished."
 
 
-class TerminalRuntime:
+class TerminalRuntime(RuntimeWrapper[TerminalSandbox]):
     """A rollout's sandbox over a workspace it owns (removed on close), and the task's verifier."""
 
     def __init__(self, inner: TerminalSandbox, workspace: Workspace, task: HarborTask) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.task_workspace = workspace
         self.task = task
 
@@ -178,30 +178,6 @@ class TerminalRuntime:
     def root(self) -> str:
         """Where commands see the workspace (the Dockerfile's WORKDIR)."""
         return self.inner.root
-
-    async def start(self) -> None:
-        """Start the sandbox."""
-        await self.inner.start()
-
-    async def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` in the sandbox."""
-        return await self.inner.exec(command, timeout_s)
-
-    async def read_file(self, path: str) -> str:
-        """Read a workspace file."""
-        return await self.inner.read_file(path)
-
-    async def write_file(self, path: str, content: str) -> None:
-        """Write a workspace file."""
-        await self.inner.write_file(path, content)
-
-    async def list_dir(self, path: str) -> list[str]:
-        """List a workspace folder."""
-        return await self.inner.list_dir(path)
-
-    def alive(self) -> bool:
-        """Whether the sandbox is usable."""
-        return self.inner.alive()
 
     async def verify(self) -> VerifierResult:
         """Run the task's tests against the workspace, in a fresh sandbox."""
