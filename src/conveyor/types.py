@@ -13,10 +13,15 @@ impossible, a new sample starts: `Turn.sample_index` says which sample a turn be
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from conveyor.agent.chat_client import ChatClient
 
 TokenIds = list[int]
 Message = dict[str, Any]
@@ -233,3 +238,14 @@ SOLVED_REWARD = 1.0
 def is_solved(reward: float | None) -> bool:
     """A reward that counts as solving the task (no reward, e.g. an infra error, never does)."""
     return reward is not None and reward >= SOLVED_REWARD
+
+
+@dataclass(frozen=True)
+class FamilyServices:
+    """What a run hands a family built with a `services` parameter: its `tasks.options` entry,
+    and the chat clients of `tasks.user_engine` and `tasks.judge_engine` (each built on first
+    call; `judge` is None when no judge is configured)."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    user: Callable[[], ChatClient] | None = None
+    judge: Callable[[], ChatClient] | None = None

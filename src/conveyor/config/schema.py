@@ -20,6 +20,7 @@ from conveyor.config.sections import (
 )
 from conveyor.config.training import RLConfig, TrainerConfig
 from conveyor.registry import FAMILIES
+from conveyor.types import FamilyServices
 
 
 class ConveyorConfig(Section):
@@ -133,10 +134,12 @@ def _reward_budget_s(family_name: str, options: Mapping[str, Any]) -> float | No
     """The longest a family's `score` may legitimately take, when the family states it
     (`reward_budget_s`), built with its `tasks.options` entry (a terminal folder added through
     options brings its own verifier timeout)."""
-    from conveyor.tasks.family import FamilyServices, get_family
-
     try:
-        family = get_family(family_name, services=FamilyServices(options=options))
+        factory = FAMILIES.get(family_name)
+        try:
+            family = factory(services=FamilyServices(options=options))
+        except TypeError:  # a family that takes no services (nor options)
+            family = factory()
     except (KeyError, TypeError, ValueError):
         # an unknown name is reported by the tasks section's own check; a family that cannot
         # be built with its defaults states no budget here

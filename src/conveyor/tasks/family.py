@@ -33,12 +33,11 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
-from conveyor.agent.chat_client import ChatClient
 from conveyor.agent.tools import ToolRegistry
 from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
-from conveyor.types import Message, Task, ToolCall, Trajectory
+from conveyor.types import FamilyServices, Message, Task, ToolCall, Trajectory
 
 T = TypeVar("T")
 F = TypeVar("F", bound="TaskFamily")
@@ -128,17 +127,6 @@ class Grading(Protocol):
     async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
         """The `Grade` of one rollout; the graded process can never write what this reads."""
         ...
-
-
-@dataclass(frozen=True)
-class FamilyServices:
-    """What a run hands a family built with a `services` parameter: its `tasks.options` entry,
-    and the chat clients of `tasks.user_engine` and `tasks.judge_engine` (each built on first
-    call; `judge` is None when no judge is configured)."""
-
-    options: Mapping[str, Any] = field(default_factory=dict)
-    user: Callable[[], ChatClient] | None = None
-    judge: Callable[[], ChatClient] | None = None
 
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
