@@ -98,12 +98,15 @@ async def check_family(
         say(f"{family}: {len(tasks)} {split} instances")
         # The check is of the family, not of the turn budget: the oracle gets the turns it needs
         # (a 4-hop search question takes 9 calls, a bfcl conversation up to 37 replies).
-        longest = max((len(fam.oracle_calls(t)) for t in tasks), default=1)
+        oracle_steps = {t.id: fam.oracle_calls(t) for t in tasks}
+        longest = max((len(steps) for steps in oracle_steps.values()), default=1)
         if longest > parts.config.agent.max_turns:
             agent = parts.config.agent.model_copy(update={"max_turns": longest})
             parts.config = parts.config.model_copy(update={"agent": agent})
             say(f"{family}: agent.max_turns raised to {longest}, the oracle's longest rollout")
-        oracle = await scripted_rollouts(parts, tasks, fam.oracle_calls, concurrency=concurrency)
+        oracle = await scripted_rollouts(
+            parts, tasks, lambda t: oracle_steps[t.id], concurrency=concurrency
+        )
         empty = await scripted_rollouts(
             parts, tasks, lambda _t: [say_step(EMPTY_REPLY)], concurrency=concurrency
         )
