@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from conveyor.trainer.engine import (
     TorchTrainingEngine,
     kept_token_logprobs,
     lr_factor,
+    native_bf16,
     token_logprobs,
 )
 from conveyor.types import TrainingSample
@@ -331,8 +333,34 @@ def test_gradient_checkpointing_and_bf16(tiny: Path) -> None:
     plain.step(batch)
     checkpointed.step(batch)
     assert_params_close(params(plain), params(checkpointed), atol=1e-6)
-    result = engine(tiny, dtype="bfloat16").step(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the emulated-bf16 warning of an AVX2 CPU
+        result = engine(tiny, dtype="bfloat16").step(batch)
     assert math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    raise AssertionError("no flags line in /proc/cpuinfo")
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="reads the CPU flags of Linux")
+def test_dtype_auto_trains_in_bf16_only_where_the_cpu_has_it(tiny: Path) -> None:
+    # An AVX2 CPU emulates bf16 (15x slower than float32 here): auto must pick float32 there,
+    # bf16 on a CPU with AVX512-BF16 or AMX. The kernel's flags are the independent witness.
+    flags = _cpu_flags()
+    native = bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert native_bf16(torch.device("cpu")) is native
+    auto = engine(tiny)
+    assert TrainerConfig().dtype == "auto"
+    assert auto._autocast_dtype is (torch.bfloat16 if native else None)
+    assert engine(tiny, dtype="float32")._autocast_dtype is None
+    if not native:
+        with pytest.warns(UserWarning, match="emulated"):
+            forced = engine(tiny, dtype="bfloat16")
+        assert forced._autocast_dtype is torch.bfloat16
 
 
 def test_bad_batches_are_errors(tiny: Path) -> None:

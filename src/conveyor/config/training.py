@@ -105,10 +105,12 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(
         default=4096, gt=0, description="Padded tokens per forward/backward pass."
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32",
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
         description="bfloat16: autocast forward/backward (weights and AdamW stay float32); an "
-        "error on a device without bf16 support.",
+        "error on a GPU without bf16 support. auto: bfloat16 where the device computes it "
+        "natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), float32 elsewhere: "
+        "on an AVX2 CPU bf16 autocast is emulated and ran 15x slower than float32.",
     )
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
     fsdp: bool = Field(
