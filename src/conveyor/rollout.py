@@ -20,6 +20,7 @@ from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
 from conveyor.runtime.base import Runtime
+from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import (
     Conversational,
     Grading,
@@ -43,14 +44,19 @@ class AgentStages:
         rollout_timeout_s: float,
         families: Mapping[str, TaskFamily] | None = None,
         runtime: RuntimeConfig | None = None,
+        starts: RuntimeStarts | None = None,
     ) -> None:
         """`families`: the run's families by name (`tasks.family.build_families`); a task of
-        another family gets one built on first use with the `runtime` settings."""
+        another family gets one built on first use with the `runtime` settings. `starts`: the
+        run's runtime start limits and warm pools (default: this stage set's own, from
+        `runtime`; then `close()` releases its warm runtimes)."""
         self.client = client
         self.agent = agent
         self.sampling = sampling
         self.rollout_timeout_s = rollout_timeout_s
         self.runtime = runtime if runtime is not None else RuntimeConfig()
+        self.starts = starts if starts is not None else RuntimeStarts(self.runtime)
+        self._owns_starts = starts is None
         self._make_renderer = make_renderer
         self._families: dict[str, TaskFamily] = dict(families or {})
         self._loops: dict[str, AgentLoop] = {}
@@ -64,9 +70,11 @@ class AgentStages:
         sampling: SamplingConfig | None = None,
         *,
         families: Mapping[str, TaskFamily] | None = None,
+        starts: RuntimeStarts | None = None,
     ) -> AgentStages:
         """Stages for a run config: its template, tool format, budgets and sampling, with the
-        run's families (or ones built with the config's `runtime` settings)."""
+        run's families (or ones built with the config's `runtime` settings) and runtime
+        `starts`."""
         return cls(
             client,
             renderer_factory(config.model, tokenizer),
@@ -75,6 +83,7 @@ class AgentStages:
             rollout_timeout_s=config.agent.rollout_timeout_s,
             families=families,
             runtime=config.runtime,
+            starts=starts,
         )
 
     def family(self, name: str) -> TaskFamily:
@@ -115,8 +124,10 @@ class AgentStages:
         return loop
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
-        """A started runtime from the task's family."""
-        return await self._family(task).make_runtime(task)
+        """A started runtime from the task's family, under the run's start limits (and from its
+        warm pool where the family's runtime has one)."""
+        with self.starts.active():
+            return await self._family(task).make_runtime(task)
 
     async def first_turn(self, task: Task, sample_index: int, attempt: int) -> FirstTurn | None:
         """The first generation, which needs no runtime (the dispatcher overlaps it with init)."""
@@ -137,6 +148,17 @@ class AgentStages:
         if trajectory.status is Status.INFRA_ERROR:
             return trajectory
         family = self._family(task)
+        with self.starts.active():  # a grader's own sandboxes start under the same limits
+            return await self._scored(family, task, trajectory, runtime, start)
+
+    async def _scored(
+        self,
+        family: TaskFamily,
+        task: Task,
+        trajectory: Trajectory,
+        runtime: Runtime,
+        start: float,
+    ) -> Trajectory:
         update: dict[str, Any] = {}
         if isinstance(family, Grading):
             grade = await family.grade(task, trajectory, runtime)
@@ -152,3 +174,9 @@ class AgentStages:
             update["reward"] = await family.score(task, final_answer(trajectory), runtime)
         update["timings"] = {**trajectory.timings, "score_s": time.monotonic() - start}
         return trajectory.model_copy(update=update)
+
+    async def close(self) -> None:
+        """Close the warm runtimes of this stage set's own `starts` (a run's shared one is
+        closed by the run)."""
+        if self._owns_starts:
+            await self.starts.close()

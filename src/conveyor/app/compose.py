@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from conveyor.dispatch.base import Dispatcher, EngineProbe
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
+    from conveyor.runtime.starts import RuntimeStarts
     from conveyor.tasks.family import FamilyServices, TaskFamily
     from conveyor.trainer.backend import BackendSpec, TrainingBackend
 
@@ -42,6 +43,7 @@ class Composition:
         self._families: dict[str, TaskFamily] | None = None
         self._chat: dict[str, ChatClient] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._starts: RuntimeStarts | None = None
         from conveyor.runtime.cpu_pools import configure_cpu_pools
 
         # CPU-stage work (workspace copies, grading, index builds) gets threads sized by the
@@ -114,6 +116,17 @@ class Composition:
         return client
 
     @property
+    def runtime_starts(self) -> RuntimeStarts:
+        """The run's runtime start limits and warm pools (`runtime.start_rate`,
+        `max_concurrent_starts`, `warm_pool`), shared by every stage set made here; `close()`
+        closes the warm runtimes. Its `report()` goes into the run's summary."""
+        if self._starts is None:
+            from conveyor.runtime.starts import RuntimeStarts
+
+            self._starts = RuntimeStarts(self.config.runtime)
+        return self._starts
+
+    @property
     def model_dir(self) -> Path:
         """The model folder (`model.path`, or the embedded default); checked to exist."""
         if self._model_dir is None:
@@ -166,12 +179,23 @@ class Composition:
             from conveyor.gateway.external import ExternalAgentStages
 
             external = ExternalAgentStages.from_config(
-                self.config, command, client, self.tokenizer, sampling, families=self.families
+                self.config,
+                command,
+                client,
+                self.tokenizer,
+                sampling,
+                families=self.families,
+                starts=self.runtime_starts,
             )
             self._closers.append(external.close)
             return external
         return AgentStages.from_config(
-            self.config, client, self.tokenizer, sampling, families=self.families
+            self.config,
+            client,
+            self.tokenizer,
+            sampling,
+            families=self.families,
+            starts=self.runtime_starts,
         )
 
     def dispatcher(
@@ -218,12 +242,17 @@ class Composition:
         return self.backend_spec.build(self.config, model_dir, settings or self.config.trainer)
 
     async def close(self) -> None:
-        """Stop what the stages started (gateways), then the engine, if one was started."""
-        for close in self._closers:
-            await close()
-        self._closers.clear()
-        if self._engine is not None:
-            await self._engine.close()
+        """Stop what the stages started (gateways, warm runtimes), then the engine, if one
+        was started."""
+        try:
+            for close in self._closers:
+                await close()
+            self._closers.clear()
+        finally:
+            if self._starts is not None:
+                await self._starts.close()
+            if self._engine is not None:
+                await self._engine.close()
 
 
 def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:

@@ -68,6 +68,8 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     summary["engine_start_s"] = engine_ready
     summary["model"] = str(model_dir)
     summary["engine"] = config.engine.kind
+    # sandbox starts: how many, how long the start limits held them, warm pool hits
+    summary["runtime_starts"] = parts.runtime_starts.report()
     if isinstance(client, RequestCounters):
         # retried requests cost time but not correctness: said here, never silent
         summary["engine_requests"] = client.request_counters()

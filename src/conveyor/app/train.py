@@ -271,6 +271,8 @@ async def run_training(
     plot_metrics(run_dir)
     timings["wall_s"] = time.monotonic() - started
     summary: dict[str, Any] = {"timings": timings, "steps": len(records)}
+    # sandbox starts: how many, how long the start limits held them, warm pool hits
+    summary["runtime_starts"] = parts.runtime_starts.report()
     if isinstance(client, RequestCounters):
         summary["engine_requests"] = client.request_counters()
     _write(run_dir / "summary.json", summary)

@@ -1,8 +1,9 @@
 """Config sections of the model, engine, sampling, agent loop, tasks, dispatch and run folder."""
 
+import math
 from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from conveyor.config.base import EngineKind, ExecutorName, Section, StrategyName
 from conveyor.registry import FAMILIES, RUNTIMES
@@ -296,6 +297,11 @@ class TasksConfig(Section):
 
 
 AUTO = "auto"
+# Runtime start limits (docs/sandbox.md, "Start storms"): a first wave of up to 128 runtimes
+# (the default max_live_runtimes) starts within 2 s, well under any engine's first generation.
+DEFAULT_START_RATE = 32.0
+DEFAULT_START_BURST = 64
+DEFAULT_MAX_CONCURRENT_STARTS = 32
 
 
 class RuntimeConfig(Section):
@@ -320,6 +326,53 @@ class RuntimeConfig(Section):
         "what the rollout writes, so filling it fills no one else's disk (needs root); None: "
         "the workspaces share the host disk.",
     )
+    start_rate: float | None = Field(
+        default=DEFAULT_START_RATE,
+        description="Runtime starts per second, a token bucket holding start_burst tokens: "
+        "in any w seconds at most start_burst + start_rate * w runtimes start (so 512 "
+        "rollouts never ask for 512 sandboxes in the same second); null: no rate limit. "
+        "The default spreads a first wave of 128 starts over 2 s.",
+    )
+    start_burst: int = Field(
+        default=DEFAULT_START_BURST,
+        description="Starts the rate limit lets through at once, after a quiet spell (>= 1).",
+    )
+    max_concurrent_starts: int | None = Field(
+        default=DEFAULT_MAX_CONCURRENT_STARTS,
+        description="Runtime start() calls in flight at once (>= 1); null: no bound.",
+    )
+    warm_pool: int = Field(
+        default=0,
+        description="Runtimes started ahead, per runtime recipe that does not depend on the "
+        "task (the executor's sandbox over an empty workspace: math, code), refilled in the "
+        "background under the same limits; each rollout takes one and closes it, none is "
+        "reused. 0: off. Families whose runtime is the task (swe, terminal, simulated trees) "
+        "always start fresh. See docs/sandbox.md.",
+    )
+
+    @field_validator("start_rate")
+    @classmethod
+    def _positive_rate(cls, rate: float | None) -> float | None:
+        if rate is not None and not 0 < rate < math.inf:
+            raise ValueError(
+                f"runtime.start_rate must be a number > 0 of starts per second, got {rate}; "
+                "use null for no rate limit"
+            )
+        return rate
+
+    @field_validator("start_burst", "max_concurrent_starts")
+    @classmethod
+    def _at_least_one(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"runtime.{info.field_name} must be >= 1, got {value}")
+        return value
+
+    @field_validator("warm_pool")
+    @classmethod
+    def _not_negative(cls, size: int) -> int:
+        if size < 0:
+            raise ValueError(f"runtime.warm_pool must be >= 0 (0 = off), got {size}")
+        return size
 
     @field_validator("kind")
     @classmethod

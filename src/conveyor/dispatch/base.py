@@ -35,6 +35,7 @@ from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.engines.base import EngineDown
 from conveyor.runtime.base import Runtime
+from conveyor.runtime.starts import RuntimeStarts
 from conveyor.types import EndReason, Status, Task, TaskDefect, Trajectory, TrajectoryGroup
 
 __all__ = ["Dispatcher", "EngineProbe", "RolloutJob", "Stage"]
@@ -507,6 +508,12 @@ class Dispatcher:
         }
         if self.engine is not None:
             values["engine_in_flight"] = self.engine.in_flight
+        starts = getattr(self.stages, "starts", None)
+        if isinstance(starts, RuntimeStarts):
+            # the stages' runtime start limits and warm pool (asyncio executor: same process)
+            report = starts.report()
+            for key in ("starts", "rate_waits", "warm_hits", "warm_misses", "warm_ready"):
+                values[f"runtime_{key}"] = report[key]
         return values
 
     async def _shutdown(self) -> None:

@@ -3,7 +3,9 @@
 Saved into the run folder as `dispatch_trajectories.jsonl` (one line per trajectory: stage
 start/end and queue waits, seconds since the dispatcher started), `dispatch_series.jsonl` (one
 line per sample: queue depths, live runtimes, run stages and engine requests in flight) and
-`dispatch_summary.json`. `conveyor.dispatch.plot.plot_timeline` draws them.
+`dispatch_summary.json` (with `runtime_starts`: the stages' runtime start counters at the
+end, when the stages report them: starts, rate-limit waits, warm pool hits and misses).
+`conveyor.dispatch.plot.plot_timeline` draws them.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class Telemetry:
                 if wait is not None:
                     sums[f"{stage}_queue_wait_s"] = sums.get(f"{stage}_queue_wait_s", 0.0) + wait
         count = max(1, len(self.trajectories))
+        last = self.series[-1] if self.series else {}
+        starts = {
+            k.removeprefix("runtime_"): v for k, v in last.items() if k.startswith("runtime_")
+        }
         return {
             **self.meta,
             "trajectories": len(self.trajectories),
@@ -89,6 +95,7 @@ class Telemetry:
             "mean": {key: value / count for key, value in sorted(sums.items())},
             "peak_live_runtimes": self.peak("live_runtimes"),
             "mean_engine_in_flight": self.time_weighted_mean("engine_in_flight"),
+            **({"runtime_starts": starts} if starts else {}),
         }
 
     def save(self, run_dir: str | Path) -> Path:
@@ -120,4 +127,11 @@ class Telemetry:
         return telemetry
 
 
-_DERIVED = {"trajectories", "by_status", "mean", "peak_live_runtimes", "mean_engine_in_flight"}
+_DERIVED = {
+    "trajectories",
+    "by_status",
+    "mean",
+    "peak_live_runtimes",
+    "mean_engine_in_flight",
+    "runtime_starts",
+}

@@ -25,12 +25,13 @@ from typing import Any
 
 from conveyor.agent.chat import RendererFactory, renderer_factory
 from conveyor.agent.loop import final_answer
-from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
+from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import EngineError, SamplingClient
 from conveyor.gateway.recording import RolloutRecord, RolloutState
 from conveyor.gateway.server import GatewayServer
 from conveyor.gateway.service import Gateway
 from conveyor.runtime.base import Runtime, RuntimeFailure
+from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
 from conveyor.types import EndReason, Status, Task, Trajectory
 
@@ -50,15 +51,20 @@ class ExternalAgentStages:
         *,
         families: Mapping[str, TaskFamily] | None = None,
         env: Mapping[str, str] | None = None,
+        runtime: RuntimeConfig | None = None,
+        starts: RuntimeStarts | None = None,
     ) -> None:
         """`command`: the agent program's argv; `env`: extra environment for it (on top of
-        this process's environment and the gateway variables)."""
+        this process's environment and the gateway variables); `starts`: the run's runtime
+        start limits (default: this stage set's own, from the `runtime` settings)."""
         if not command:
             raise ValueError("ExternalAgentStages needs a non-empty command (argv list)")
         self.command = list(command)
         self.agent = agent
         self.env = dict(env or {})
         self._families: dict[str, TaskFamily] = dict(families or {})
+        self.starts = starts if starts is not None else RuntimeStarts(runtime or RuntimeConfig())
+        self._owns_starts = starts is None
         self.gateway = Gateway(client, make_renderer, agent, sampling, families=self._families)
         self._server: GatewayServer | None = None
         self._server_loop: asyncio.AbstractEventLoop | None = None
@@ -73,6 +79,7 @@ class ExternalAgentStages:
         sampling: SamplingConfig | None = None,
         *,
         families: Mapping[str, TaskFamily] | None = None,
+        starts: RuntimeStarts | None = None,
     ) -> ExternalAgentStages:
         """Stages rendering as `AgentStages.from_config` does, for the program `command`;
         requests that name no sampling settings get `sampling` (default: the config's)."""
@@ -83,6 +90,8 @@ class ExternalAgentStages:
             config.agent,
             sampling or config.sampling,
             families=families,
+            runtime=config.runtime,
+            starts=starts,
         )
 
     def family(self, name: str) -> TaskFamily:
@@ -103,14 +112,18 @@ class ExternalAgentStages:
         return self._server
 
     async def close(self) -> None:
-        """Stop the gateway server (idempotent)."""
+        """Stop the gateway server and close this stage set's own warm runtimes
+        (idempotent)."""
         if self._server is not None:
             await self._server.stop()
             self._server = self._server_loop = None
+        if self._owns_starts:
+            await self.starts.close()
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
-        """A started runtime from the task's family."""
-        return await self.family(task.family).make_runtime(task)
+        """A started runtime from the task's family, under the run's start limits."""
+        with self.starts.active():
+            return await self.family(task.family).make_runtime(task)
 
     async def run(self, task: Task, sample_index: int, runtime: Runtime) -> Trajectory:
         """Run the agent program against a fresh gateway rollout; the recorded trajectory."""
@@ -186,5 +199,6 @@ class ExternalAgentStages:
         """The family's score of the submitted answer (every status but infra_error)."""
         if trajectory.status is Status.INFRA_ERROR:
             return trajectory
-        score = await self.family(task.family).score(task, final_answer(trajectory), runtime)
+        with self.starts.active():
+            score = await self.family(task.family).score(task, final_answer(trajectory), runtime)
         return trajectory.model_copy(update={"reward": score})

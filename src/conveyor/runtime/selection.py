@@ -18,6 +18,7 @@ from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.limits import SandboxLimits
+from conveyor.runtime.starts import active_starts, start_gated
 
 R = TypeVar("R", bound=Runtime)
 
@@ -92,10 +93,9 @@ async def start_runtime(kind: str, request: RuntimeRequest, settings: RuntimeCon
 
 
 async def started(runtime: R) -> R:
-    """`runtime` after `start()`; closed again (nothing leaks) if it fails to start."""
-    try:
-        await runtime.start()
-    except BaseException:
-        await runtime.close()
-        raise
-    return runtime
+    """`runtime` after `start()`; closed again (nothing leaks) if it fails to start.
+
+    Every runtime start goes through here: inside a run it waits for the run's start limits
+    (`conveyor.runtime.starts`, the `RuntimeStarts` the rollout stages make active)."""
+    starts = active_starts()
+    return await start_gated(runtime, starts.gate if starts is not None else None)

@@ -27,7 +27,7 @@ from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
-from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime
+from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
@@ -195,7 +195,7 @@ class SweFamily:
             raise
         runtime = SweRuntime(inner, workspace, row)
         try:
-            await runtime.start()
+            await started(runtime)
             runtime.code_index = await run_in_pool("init", SWE_INDEXES.get, template)
         except BaseException:
             await runtime.close()

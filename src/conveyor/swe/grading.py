@@ -41,6 +41,7 @@ from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
+from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
@@ -223,8 +224,8 @@ async def run_tests(
             f"{pytest_command(test_cmd, env)} {shlex.quote(str(shared / 'run.json'))} "
             f"{_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
         )
+        await started(runtime)  # waits for the run's start limits: not the tests' time
         start = time.monotonic()
-        await runtime.start()
         try:
             result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd, nonce_fd))
         finally:

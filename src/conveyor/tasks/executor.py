@@ -3,9 +3,12 @@
 `start_executor_runtime` makes a fresh temporary workspace, builds a runtime of the configured
 kind over it (`bubblewrap` by default: every command in its own sandbox with no network, as the
 unprivileged sandbox user, under the `SandboxLimits`), writes the given files into it and starts
-it; closing the runtime removes the workspace. The `python` tool writes the model's code into that
-workspace and runs it with `python3` through `Runtime.exec`, with a time limit, returning what it
-printed and its exit status (truncated). Model code never runs in our own process.
+it; closing the runtime removes the workspace. Inside a run with `runtime.warm_pool`, it takes
+instead such a runtime started ahead over an empty workspace (nothing of the task is in it
+yet, so it is as good as new), then writes the files. The `python` tool writes the model's code
+into that workspace and runs it with `python3` through `Runtime.exec`, with a time limit,
+returning what it printed and its exit status (truncated). Model code never runs in our own
+process.
 
 Each call is a fresh interpreter: variables do not carry over between calls, files written under
 the workspace do. As in a notebook, the value of a final bare expression is printed. The
@@ -33,6 +36,7 @@ from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure, RuntimeWr
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
+from conveyor.runtime.starts import active_starts
 
 EXECUTOR_RUNTIMES: tuple[str, ...] = ("bubblewrap", "local")
 """The runtime kinds the executor can use; the first is `auto`'s."""
@@ -174,21 +178,20 @@ async def start_executor_runtime(
                 "(no isolation)"
             )
     environment = python_env_dir() if env_dir is True else (env_dir or None)
-    workspace = Path(tempfile.mkdtemp(prefix="conveyor-exec-"))
-    try:
-        if os.geteuid() == 0:
-            os.chown(workspace, SANDBOX_UID, SANDBOX_GID)
-        request = RuntimeRequest(
-            workspace=workspace,
-            env_dir=environment if isinstance(environment, Path) else None,
-            env_at=_env_at(environment if isinstance(environment, Path) else None),
-            limits=limits or SandboxLimits(),
-        )
-        inner = _build(kind, request, settings, hidden)
-    except BaseException:
-        shutil.rmtree(workspace, ignore_errors=True)
-        raise
-    runtime = await started(ExecutorRuntime(inner, workspace))
+    env_path = environment if isinstance(environment, Path) else None
+    sandbox_limits = limits or SandboxLimits()
+    masked = tuple(Path(path) for path in hidden)
+
+    def blank() -> ExecutorRuntime:
+        return _blank_runtime(kind, settings, env_path, sandbox_limits, masked)
+
+    starts = active_starts()
+    if starts is None:
+        runtime: Runtime = await started(blank())
+    else:
+        # Nothing of the task is in a blank runtime, so one started ahead is as good as new.
+        recipe = ("executor", kind, settings, env_path, sandbox_limits, masked)
+        runtime = await starts.warm(recipe, blank)
     try:
         for path, content in (files or {}).items():
             await runtime.write_file(path, content)
@@ -196,6 +199,28 @@ async def start_executor_runtime(
         await runtime.close()
         raise
     return runtime
+
+
+def _blank_runtime(
+    kind: str,
+    settings: RuntimeConfig,
+    env_dir: Path | None,
+    limits: SandboxLimits,
+    hidden: Sequence[Path],
+) -> ExecutorRuntime:
+    """A not yet started executor runtime over a fresh empty workspace (removed on close)."""
+    workspace = Path(tempfile.mkdtemp(prefix="conveyor-exec-"))
+    try:
+        if os.geteuid() == 0:
+            os.chown(workspace, SANDBOX_UID, SANDBOX_GID)
+        request = RuntimeRequest(
+            workspace=workspace, env_dir=env_dir, env_at=_env_at(env_dir), limits=limits
+        )
+        inner = _build(kind, request, settings, hidden)
+    except BaseException:
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise
+    return ExecutorRuntime(inner, workspace)
 
 
 def _build(

@@ -33,7 +33,7 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
-from conveyor.runtime.selection import choose_runtime
+from conveyor.runtime.selection import choose_runtime, started
 from conveyor.tasks.family import (
     FamilyServices,
     Grade,
@@ -301,8 +301,7 @@ class Tau2Family:
     async def make_runtime(self, task: Task) -> Runtime:
         """A started runtime holding a fresh copy of the domain's database."""
         runtime = Tau2Runtime(task.data["domain"], data.load_db(task.data["domain"]))
-        await runtime.start()
-        return runtime
+        return await started(runtime)
 
     # -- the simulated customer ---------------------------------------------------------
     def user_client(self) -> ChatClient:

@@ -326,7 +326,7 @@ class TerminalFamily:
         )
         runtime = TerminalRuntime(sandbox, workspace, harbor)
         try:
-            await runtime.start()
+            await started(runtime)
         except BaseException:
             await runtime.close()
             raise

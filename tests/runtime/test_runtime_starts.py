@@ -1,0 +1,277 @@
+"""Start storms (`runtime.start_rate`, `start_burst`, `max_concurrent_starts`, `warm_pool`):
+starts spaced by the token bucket, warm runtimes as fresh as new ones and never reused, and
+nothing left behind after a run ends, crashes or is cancelled. Real bubblewrap sandboxes of the
+math family (the executor's sandbox over an empty workspace), driven by the real dispatcher
+from a config."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conveyor.app.compose import Composition
+from conveyor.config import ConfigError, ConveyorConfig, RuntimeConfig, load_config
+from conveyor.runtime.selection import started
+from conveyor.runtime.simulated import SimulatedRuntime
+from conveyor.runtime.starts import RuntimeStarts, peak_in_window
+from conveyor.tasks.executor import executor_available
+from conveyor.types import Task, ToolCall, Trajectory
+
+AVAILABLE, WHY = executor_available(RuntimeConfig(kind="bubblewrap"))
+needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"no bubblewrap sandbox here: {WHY}")
+
+# Float slack on recorded times (the bucket only ever makes a start later, never earlier).
+EPS_S = 0.02
+
+# What one rollout's `python` call shows of its runtime: the workspace and /tmp as it got them.
+PROBE = (
+    "import os\n"
+    "print('ws', sorted(os.listdir('.')), 'tmp', sorted(os.listdir('/tmp')))\n"
+    "open('mark', 'w').write('x')\n"
+    "open('/tmp/mark', 'w').write('x')\n"
+)
+FRESH = "ws ['.cells'] tmp []"
+
+
+def _config(*overrides: str) -> ConveyorConfig:
+    return load_config(
+        None,
+        [
+            "tasks.families=[math]",
+            "runtime.kind=bubblewrap",
+            "dispatch.p_run=2",
+            "dispatch.max_parallel=2",
+            "dispatch.max_live_runtimes=2",
+            "agent.max_turns=3",
+            *overrides,
+        ],
+    ).config
+
+
+def _bucket_holds(times: list[float], rate: float, burst: int) -> None:
+    """In every window [t_i, t_j]: at most burst + rate * (t_j - t_i) starts."""
+    times = sorted(times)
+    for i in range(len(times)):
+        for j in range(i, len(times)):
+            allowed = burst + rate * (times[j] - times[i] + EPS_S)
+            assert j - i + 1 <= allowed, (i, j, times[j] - times[i], times)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("conveyor-"))
+
+
+def _children() -> list[str]:
+    """Processes whose parent is this one (a sandbox command left running would be one)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            found.append(stat.parent.name)
+    return found
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Workspaces and sandbox /tmp folders of this test go here, so leftovers are ours."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+async def _probe_run(
+    parts: Composition, tasks: list[Task], *, stop_after: int | None = None
+) -> list[Trajectory]:
+    """Rollouts whose policy runs PROBE then finishes, through the configured dispatcher;
+    `stop_after`: the consumer crashes after that many records. Closes `parts` at the end."""
+    from conveyor.trainer.sft import OracleEngine
+
+    steps = [
+        ToolCall(name="python", arguments={"code": PROBE}),
+        ToolCall(name="finish", arguments={"answer": "0"}),
+    ]
+    tokenizer = parts.tokenizer
+    engine = OracleEngine(
+        {task.id: steps for task in tasks},
+        lambda text: tokenizer.encode(text, add_special_tokens=False),
+        tokenizer.eos_token_id,
+        parts.config.model.tool_format,
+    )
+    dispatcher = parts.dispatcher(parts.stages(engine=engine), engine=engine)
+    out: list[Trajectory] = []
+    try:
+        async for trajectory in dispatcher.rollouts(tasks, 1):
+            out.append(trajectory)
+            if stop_after is not None and len(out) >= stop_after:
+                raise RuntimeError("the run crashed")
+    finally:
+        await parts.close()
+    return out
+
+
+def test_bad_start_settings_are_clear_config_errors() -> None:
+    for override, fragment in [
+        ("runtime.start_rate=0", "runtime.start_rate must be a number > 0 of starts per second"),
+        ("runtime.start_rate=-2", "got -2.0; use null for no rate limit"),
+        ("runtime.start_burst=0", "runtime.start_burst must be >= 1, got 0"),
+        ("runtime.max_concurrent_starts=-1", "runtime.max_concurrent_starts must be >= 1"),
+        ("runtime.warm_pool=-1", "runtime.warm_pool must be >= 0 (0 = off), got -1"),
+        ("runtime.warm_pool=1.5", "runtime.warm_pool"),
+    ]:
+        with pytest.raises(ConfigError, match="runtime") as caught:
+            load_config(None, [override])
+        assert fragment in str(caught.value), str(caught.value)
+    unlimited = load_config(None, ["runtime.start_rate=null", "runtime.warm_pool=4"]).config
+    assert unlimited.runtime.start_rate is None and unlimited.runtime.warm_pool == 4
+    defaults = RuntimeConfig()
+    assert (defaults.start_rate, defaults.start_burst, defaults.warm_pool) == (32.0, 64, 0)
+
+
+def test_every_start_in_a_run_waits_for_the_bucket_and_the_bound() -> None:
+    """`started()` inside a run's `active()` scope: 30 simultaneous starts of a runtime whose
+    start takes 20 ms, at 40/s with a burst of 5 and 3 in flight at most."""
+    in_flight, peak = 0, 0
+
+    class SlowStart(SimulatedRuntime):
+        async def start(self) -> None:
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            await asyncio.sleep(0.02)
+            in_flight -= 1
+            await super().start()
+
+    starts = RuntimeStarts(RuntimeConfig(start_rate=40.0, start_burst=5, max_concurrent_starts=3))
+
+    async def one() -> None:
+        with starts.active():
+            runtime = await started(SlowStart({}))
+        assert runtime.alive()
+        await runtime.close()
+
+    async def storm() -> None:
+        await asyncio.gather(*(one() for _ in range(30)))
+        # outside a run nothing waits
+        await (await started(SlowStart({}))).close()
+
+    asyncio.run(storm())
+    counters = starts.counters
+    assert counters.starts == 30 and len(counters.start_times) == 30
+    _bucket_holds(counters.start_times, 40.0, 5)
+    assert peak == 3 and counters.slot_waits > 0 and counters.rate_waits > 0
+    assert starts.report()["peak_starts_1s"] <= 5 + 40
+    assert peak_in_window([0.0, 0.5, 1.0, 1.6, 1.7], 1.0) == 3
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_an_eval_spreads_its_sandbox_starts_and_reports_them(
+    tmp_path: Path, model_dir: Path, private_tmp: Path
+) -> None:
+    """`conveyor eval` (in process) of 10 math tasks on bubblewrap at 4 starts/s, burst 2:
+    the summary counts the starts and their waits, and no second held more than 2 + 4."""
+    from conveyor.app.evaluate import run_eval
+
+    resolved = load_config(
+        None,
+        [
+            "engine.kind=simulated",
+            "tasks.families=[math]",
+            "tasks.num_tasks=10",
+            "tasks.group_size=1",
+            "runtime.kind=bubblewrap",
+            "runtime.start_rate=4",
+            "runtime.start_burst=2",
+            "agent.max_turns=1",
+            "agent.max_completion_tokens=8",
+            f"run.dir={tmp_path / 'run'}",
+        ],
+    )
+    run_dir = asyncio.run(run_eval(resolved, show_progress=False))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    starts = summary["runtime_starts"]
+    assert summary["overall"]["rollouts"] == 10
+    assert "infra_error" not in summary["overall"]["statuses"]
+    assert starts["starts"] == 10 and starts["failures"] == 0
+    # 10 starts, 2 at once: the other 8 each waited for a token, 2 s in all at least
+    assert starts["rate_waits"] >= 8 and starts["rate_wait_s"] >= 1.5
+    assert starts["peak_starts_1s"] <= 2 + 4
+    assert starts["warm_hits"] == starts["warm_misses"] == 0  # no pool configured
+    assert _leftovers(private_tmp) == []
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_warm_runtimes_are_fresh_never_reused_and_closed(
+    model_dir: Path, private_tmp: Path
+) -> None:
+    """warm_pool 2, rate 10/s burst 1: most rollouts take a warm sandbox; each rollout's
+    workspace and /tmp are empty when its code first looks (so a warm one is as new as a
+    fresh one, and no rollout sees another's files); starts keep to the bucket; after close
+    no workspace, sandbox /tmp or process is left."""
+    config = _config(
+        "runtime.warm_pool=2",
+        "runtime.start_rate=10",
+        "runtime.start_burst=1",
+        "tasks.num_tasks=8",
+    )
+    parts = Composition(config)
+    tasks = parts.tasks(8, "eval")
+    trajectories = asyncio.run(_probe_run(parts, tasks))
+
+    assert len(trajectories) == 8
+    seen = [
+        message["content"]
+        for t in trajectories
+        for message in t.messages
+        if message.get("role") == "tool"
+    ]
+    assert len(seen) == 8 and all(FRESH in text for text in seen), seen
+    report = parts.runtime_starts.report()
+    assert report["warm_hits"] >= 3, report
+    assert report["warm_hits"] + report["warm_misses"] == 8
+    # every rollout's runtime plus the ones started for the pool, each started once
+    assert report["starts"] >= 8 and report["failures"] == 0
+    _bucket_holds(parts.runtime_starts.counters.start_times, 10.0, 1)
+    assert report["warm_ready"] == 0  # the pool was emptied and closed
+    assert _leftovers(private_tmp) == [] and _children() == []
+
+
+@pytest.mark.slow
+@needs_sandbox
+@pytest.mark.parametrize("how", ["crash", "cancel"])
+def test_a_run_that_crashes_or_is_cancelled_leaves_no_sandbox_behind(
+    how: str, model_dir: Path, private_tmp: Path
+) -> None:
+    """Mid-run, with rollouts in flight and warm sandboxes waiting in the pool: the consumer
+    raises (crash) or the whole run task is cancelled; afterwards nothing of ours is left."""
+    config = _config("runtime.warm_pool=3", "runtime.start_rate=null", "tasks.num_tasks=8")
+    parts = Composition(config)
+    tasks = parts.tasks(8, "eval")
+
+    async def main() -> None:
+        if how == "crash":
+            with pytest.raises(RuntimeError, match="the run crashed"):
+                await _probe_run(parts, tasks, stop_after=2)
+            return
+        run = asyncio.ensure_future(_probe_run(parts, tasks))
+        while parts.runtime_starts.report()["warm_ready"] == 0 and not run.done():
+            await asyncio.sleep(0.01)
+        assert not run.done(), "the run ended before the pool filled"
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(main())
+    report = parts.runtime_starts.report()
+    assert report["starts"] >= 3 and report["warm_ready"] == 0
+    assert _leftovers(private_tmp) == [] and _children() == []
