@@ -16,6 +16,9 @@ import pytest
 
 from conveyor.app.compose import Composition
 from conveyor.config import ConfigError, ConveyorConfig, RuntimeConfig, load_config
+from conveyor.dispatch.config import DispatchSettings
+from conveyor.dispatch.factory import make_dispatcher
+from conveyor.dispatch.telemetry import Telemetry
 from conveyor.runtime.selection import started
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.runtime.starts import RuntimeStarts, peak_in_window
@@ -89,7 +92,11 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 async def _probe_run(
-    parts: Composition, tasks: list[Task], *, stop_after: int | None = None
+    parts: Composition,
+    tasks: list[Task],
+    *,
+    stop_after: int | None = None,
+    telemetry: Telemetry | None = None,
 ) -> list[Trajectory]:
     """Rollouts whose policy runs PROBE then finishes, through the configured dispatcher;
     `stop_after`: the consumer crashes after that many records. Closes `parts` at the end."""
@@ -106,7 +113,9 @@ async def _probe_run(
         tokenizer.eos_token_id,
         parts.config.model.tool_format,
     )
-    dispatcher = parts.dispatcher(parts.stages(engine=engine), engine=engine)
+    settings = DispatchSettings.from_config(parts.config)
+    stages = parts.stages(engine=engine)
+    dispatcher = make_dispatcher(settings, stages, engine=engine, telemetry=telemetry)
     out: list[Trajectory] = []
     try:
         async for trajectory in dispatcher.rollouts(tasks, 1):
@@ -126,9 +135,13 @@ def test_bad_start_settings_are_clear_config_errors() -> None:
         ("runtime.max_concurrent_starts=-1", "runtime.max_concurrent_starts must be >= 1"),
         ("runtime.warm_pool=-1", "runtime.warm_pool must be >= 0 (0 = off), got -1"),
         ("runtime.warm_pool=1.5", "runtime.warm_pool"),
+        (
+            "runtime.warm_pool=2 dispatch.executor=ray",
+            "runtime.warm_pool (2) needs dispatch.executor 'asyncio', not 'ray'",
+        ),
     ]:
         with pytest.raises(ConfigError, match="runtime") as caught:
-            load_config(None, [override])
+            load_config(None, override.split())
         assert fragment in str(caught.value), str(caught.value)
     unlimited = load_config(None, ["runtime.start_rate=null", "runtime.warm_pool=4"]).config
     assert unlimited.runtime.start_rate is None and unlimited.runtime.warm_pool == 4
@@ -226,7 +239,8 @@ def test_warm_runtimes_are_fresh_never_reused_and_closed(
     )
     parts = Composition(config)
     tasks = parts.tasks(8, "eval")
-    trajectories = asyncio.run(_probe_run(parts, tasks))
+    telemetry = Telemetry()
+    trajectories = asyncio.run(_probe_run(parts, tasks, telemetry=telemetry))
 
     assert len(trajectories) == 8
     seen = [
@@ -243,6 +257,13 @@ def test_warm_runtimes_are_fresh_never_reused_and_closed(
     assert report["starts"] >= 8 and report["failures"] == 0
     _bucket_holds(parts.runtime_starts.counters.start_times, 10.0, 1)
     assert report["warm_ready"] == 0  # the pool was emptied and closed
+    # the dispatcher's telemetry carries the same counters (its last sample, at shutdown)
+    recorded = telemetry.summary()["runtime_starts"]
+    assert (recorded["warm_hits"], recorded["warm_misses"]) == (
+        8 - report["warm_misses"],
+        report["warm_misses"],
+    )
+    assert 8 <= recorded["starts"] <= report["starts"]  # a refill may end after the last sample
     assert _leftovers(private_tmp) == [] and _children() == []
 
 
@@ -275,3 +296,24 @@ def test_a_run_that_crashes_or_is_cancelled_leaves_no_sandbox_behind(
     report = parts.runtime_starts.report()
     assert report["starts"] >= 3 and report["warm_ready"] == 0
     assert _leftovers(private_tmp) == [] and _children() == []
+
+
+def test_a_copy_for_another_process_keeps_the_limits_and_no_runtime() -> None:
+    """The Ray executor pickles the stages into each actor: after use in this loop the starts
+    still pickle, with the same limits and without this process's pooled runtimes."""
+    import pickle
+
+    starts = RuntimeStarts(RuntimeConfig(start_rate=5.0, max_concurrent_starts=2, warm_pool=1))
+
+    async def use() -> None:
+        runtime = await starts.warm("blank", lambda: SimulatedRuntime({}))
+        await runtime.close()
+        while starts.warm_ready() == 0:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(use())
+    copy = pickle.loads(pickle.dumps(starts))
+    assert (copy.gate.rate, copy.gate.max_concurrent, copy.warm_ready()) == (5.0, 2, 0)
+    assert asyncio.run(copy.start(SimulatedRuntime({}))).alive()
+    asyncio.run(starts.close())
+    assert starts.warm_ready() == 0 and starts.counters.warm_misses == 1

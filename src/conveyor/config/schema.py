@@ -112,11 +112,18 @@ def _budget_problems(config: "ConveyorConfig") -> list[str]:
 
 
 def _runtime_problems(config: "ConveyorConfig") -> list[str]:
-    """Every configured family must be able to use `runtime.kind` (each declares `runtimes`)."""
+    """Every configured family must be able to use `runtime.kind` (each declares `runtimes`);
+    a warm pool lives in the process that starts the runtimes (the asyncio executor's)."""
     kind = config.runtime.kind
-    if kind == AUTO:
-        return []
     problems = []
+    if config.runtime.warm_pool and config.dispatch.executor != "asyncio":
+        problems.append(
+            f"runtime.warm_pool ({config.runtime.warm_pool}) needs dispatch.executor 'asyncio', "
+            f"not {config.dispatch.executor!r}: there each runtime starts in an actor of its "
+            "own, where a pool would keep idle sandboxes per actor (set warm_pool: 0)"
+        )
+    if kind == AUTO:
+        return problems
     for name in config.tasks.families:
         try:
             supported = getattr(FAMILIES.get(name), "runtimes", None)

@@ -141,6 +141,10 @@ class StartGate:
         self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy in another process (a Ray actor) gets the limits, not this loop's primitives
+        return {**self.__dict__, "_loop": None, "_lock": asyncio.Lock(), "_slots": None}
+
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
         if loop is self._loop:
@@ -268,6 +272,10 @@ class RuntimeStarts:
             return runtime
         self.counters.warm_misses += 1
         return await self.start(build())
+
+    def __getstate__(self) -> dict[str, Any]:
+        # runtimes cannot move between processes: a copy starts with empty pools
+        return {**self.__dict__, "_pools": {}}
 
     def warm_ready(self) -> int:
         """Runtimes started and waiting in the warm pools now."""
