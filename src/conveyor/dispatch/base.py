@@ -511,9 +511,7 @@ class Dispatcher:
         starts = getattr(self.stages, "starts", None)
         if isinstance(starts, RuntimeStarts):
             # the stages' runtime start limits and warm pool (asyncio executor: same process)
-            report = starts.report()
-            for key in ("starts", "rate_waits", "warm_hits", "warm_misses", "warm_ready"):
-                values[f"runtime_{key}"] = report[key]
+            values.update({f"runtime_{key}": v for key, v in starts.sample().items()})
         return values
 
     async def _shutdown(self) -> None:
