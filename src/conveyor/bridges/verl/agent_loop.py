@@ -35,6 +35,7 @@ from conveyor.bridges.verl.sequence import VerlSequence
 from conveyor.config import ConveyorConfig, load_config
 from conveyor.engines.base import EngineError, SampleRequest, SampleResult
 from conveyor.rollout import AgentStages
+from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, build_families
 from conveyor.types import StopReason, Task, Trajectory
 
@@ -46,6 +47,8 @@ CONFIG_ENV = "CONVEYOR_CONFIG"
 # config (file path or row JSON) -> (config, its families built once with its runtime
 # settings): VeRL builds one agent loop per rollout; a family instance lives for the whole run.
 _RUNS: dict[str, tuple[ConveyorConfig, dict[str, TaskFamily]]] = {}
+# One set of runtime start limits per config in this worker, shared by its rollouts.
+_STARTS: dict[int, RuntimeStarts] = {}
 
 
 def run_parts(extra_info: dict[str, Any]) -> tuple[ConveyorConfig, dict[str, TaskFamily]]:
@@ -66,6 +69,22 @@ def run_parts(extra_info: dict[str, Any]) -> tuple[ConveyorConfig, dict[str, Tas
         parts = (config, build_families(config.tasks.families, config.runtime))
         _RUNS[key] = parts
     return parts
+
+
+def run_starts(config: ConveyorConfig) -> RuntimeStarts:
+    """The runtime start limits of this worker's rollouts under `config` (one `run_parts`
+    config). Without a warm pool: VeRL gives a rollout worker no end to close one at."""
+    starts = _STARTS.get(id(config))
+    if starts is None:
+        if config.runtime.warm_pool:
+            logger.warning(
+                "runtime.warm_pool (%d) is not used inside VeRL's rollout workers (nothing would "
+                "close the pool); the start rate limit still applies",
+                config.runtime.warm_pool,
+            )
+        starts = RuntimeStarts(config.runtime.model_copy(update={"warm_pool": 0}))
+        _STARTS[id(config)] = starts
+    return starts
 
 
 class VerlSamplingClient:
@@ -200,7 +219,7 @@ class ConveyorAgentLoop(AgentLoopBase):
             }
         )
         stages = AgentStages.from_config(
-            config, client, self.tokenizer, sampling, families=families
+            config, client, self.tokenizer, sampling, families=families, starts=run_starts(config)
         )
         runtime = await stages.init(task, 0, 0)
         try:
