@@ -340,3 +340,30 @@ def test_a_copy_for_another_process_keeps_the_limits_and_no_runtime() -> None:
     assert asyncio.run(copy.start(SimulatedRuntime({}))).alive()
     asyncio.run(starts.close())
     assert starts.warm_ready() == 0 and starts.counters.warm_misses == 1
+
+
+@needs_sandbox
+def test_the_gateway_starts_its_rollouts_runtimes_under_the_same_limits(
+    tokenizer: object, private_tmp: Path
+) -> None:
+    """`conveyor gateway`'s own runtime starts (POST /rollouts with a task): from the config's
+    warm pool, and the pool closed with the gateway."""
+    from conveyor.engines.simulated import SimulatedEngine
+    from conveyor.gateway.service import Gateway
+
+    config = _config("runtime.warm_pool=1", "runtime.start_rate=null")
+    tasks = Composition(config).tasks(3, "eval")
+    gateway = Gateway.from_config(config, SimulatedEngine(), tokenizer)
+
+    async def main() -> None:
+        for index, task in enumerate(tasks):
+            await gateway.create(f"r{index}", task=task)
+            while gateway.starts.warm_ready() < 1:
+                await asyncio.sleep(0.01)
+            await gateway.finish(f"r{index}", {"answer": "0"})
+        await gateway.close()
+
+    asyncio.run(main())
+    report = gateway.starts.report()
+    assert (report["warm_misses"], report["warm_hits"], report["warm_ready"]) == (1, 2, 0)
+    assert _leftovers(private_tmp) == [] and _children() == []

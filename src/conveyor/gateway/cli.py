@@ -139,6 +139,7 @@ async def serve(
     from conveyor.gateway.server import GatewayServer
     from conveyor.gateway.service import Gateway
 
+    gateway: Gateway | None = None
     try:
         engine = await parts.checked_engine()
         gateway = Gateway.from_config(
@@ -152,7 +153,11 @@ async def serve(
         server = GatewayServer(gateway, port=port)
         await server.serve_until_signal(on_ready=READY.format(url=server.url))
     finally:
-        await parts.close()
+        try:
+            if gateway is not None:
+                await gateway.close()  # the warm runtimes of its start limits
+        finally:
+            await parts.close()
 
 
 def default_run_dir(config: ConveyorConfig) -> Path:

@@ -23,7 +23,7 @@ from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
 from conveyor.agent.loop import request_seed, sampled_turn
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
-from conveyor.config import AgentConfig, ConveyorConfig, SamplingConfig
+from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
 from conveyor.gateway.chat_request import (
     ChatRequest,
@@ -34,6 +34,7 @@ from conveyor.gateway.conversation import advance, internal_messages
 from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_found
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
+from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
 from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory
 
@@ -54,9 +55,12 @@ class Gateway:
         tasks: Mapping[str, Task] | None = None,
         run_dir: Path | None = None,
         model_name: str = "conveyor",
+        starts: RuntimeStarts | None = None,
     ) -> None:
         """`tasks`: the tasks `POST /rollouts {"task_id"}` may name; `run_dir`: where finished
-        trajectories are appended (`trajectories.jsonl`), None to keep them in memory only."""
+        trajectories are appended (`trajectories.jsonl`), None to keep them in memory only;
+        `starts`: the start limits (and warm pool) of the runtimes it starts, closed by
+        `close()` (default: the default limits, no pool)."""
         self.client = client
         self.make_renderer = make_renderer
         self.agent = agent
@@ -66,6 +70,7 @@ class Gateway:
         self.run_dir = run_dir
         self.model_name = model_name
         self.rollouts: dict[str, RolloutRecord] = {}
+        self.starts = starts if starts is not None else RuntimeStarts(RuntimeConfig(warm_pool=0))
         self._renderers: dict[str, ChatRenderer] = {}
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +98,12 @@ class Gateway:
             tasks=tasks,
             run_dir=run_dir,
             model_name=name,
+            starts=RuntimeStarts(config.runtime),
         )
+
+    async def close(self) -> None:
+        """Close the warm runtimes of its start limits (rollouts close their own)."""
+        await self.starts.close()
 
     @property
     def trajectories_path(self) -> Path | None:
@@ -136,7 +146,8 @@ class Gateway:
             owns = runtime is None
             if runtime is None:
                 try:
-                    runtime = await self.family(task.family).make_runtime(task)
+                    with self.starts.active():
+                        runtime = await self.family(task.family).make_runtime(task)
                 except RuntimeFailure as exc:
                     del self.rollouts[rollout_id]
                     raise GatewayError(
@@ -399,11 +410,12 @@ class Gateway:
                 if record.score_on_finish:
                     family = self.family(record.task.family)
                     try:
-                        record.reward = await family.score(
-                            record.task,
-                            record.submitted_answer(),
-                            record.runtime,  # type: ignore[arg-type]
-                        )
+                        with self.starts.active():  # a grader's sandboxes: same limits
+                            record.reward = await family.score(
+                                record.task,
+                                record.submitted_answer(),
+                                record.runtime,  # type: ignore[arg-type]
+                            )
                     except RuntimeFailure as exc:
                         record.error = f"scoring failed: {exc}"
                         record.infra_failure = exc
