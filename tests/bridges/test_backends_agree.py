@@ -21,9 +21,10 @@ import pytest
 from servers import vllm_server
 
 REPO = Path(__file__).resolve().parents[2]
-# The quickstart families (filenav), 20 held-out tasks, one greedy rollout each, hints off.
+# The quickstart families (filenav), 12 held-out tasks, one greedy rollout each, hints off.
+TASKS = 12
 COMMON = [
-    "tasks.num_tasks=20",
+    f"tasks.num_tasks={TASKS}",
     "tasks.group_size=1",
     "tasks.split=eval",
     "sampling.temperature=0",
@@ -55,13 +56,10 @@ def test_in_process_vllm_a_vllm_server_and_the_sdk_agent_through_the_gateway_agr
     model_dir: Path, tmp_path: Path
 ) -> None:
     del model_dir  # prepared by the fixture: the warm start below starts from it
-    # 4 warm-start steps on 32 oracle traces (~1.5 min here): measured 2-3 turns per rollout.
+    # 4 warm-start steps of 4 oracle traces: measured 2-3 turns per rollout after them.
     warm = tmp_path / "warm"
-    _conveyor(
-        "sft",
-        warm,
-        *("rl.eval_tasks=0", "rl.sft_steps=4", "rl.sft_tasks=32", "rl.export_final=false"),
-    )
+    sft = ("rl.sft_steps=4", "rl.sft_tasks=16", "rl.sft_batch_size=4")
+    _conveyor("sft", warm, "rl.eval_tasks=0", *sft, "rl.export_final=false")
     model = warm / "sft_model"
     in_process, server, gateway = tmp_path / "vllm", tmp_path / "server", tmp_path / "gateway"
     _eval(in_process, model)
@@ -86,5 +84,5 @@ def test_in_process_vllm_a_vllm_server_and_the_sdk_agent_through_the_gateway_agr
     assert result["identical_ids"] is True and result["first_mismatch"] is None
     assert result["max_abs_logprob_diff"] <= 1e-3
     # every rollout of both other runs compared with the first, over several turns each
-    assert result["turns"] >= 2 * 2 * 20
+    assert result["turns"] >= 2 * 2 * TASKS
     assert len(set(result["pass_at_1"])) == 1
