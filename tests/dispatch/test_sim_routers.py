@@ -72,6 +72,18 @@ def test_cli_replicas_json_has_the_routers_contract_and_keeps_the_strategies_blo
     assert json.loads(json.dumps(plain["strategies"])) == report["strategies"]
 
 
+def test_cli_replicas_sets_the_fleet_size_and_prints_the_routers_table() -> None:
+    result = CliRunner().invoke(app, [*_bench_cli("--replicas", "2")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert report["limits"]["engine_replicas"] == 2
+    assert report["routers_setup"]["engine_replicas"] == 2
+    assert report["workload_overrides"] == CLI_SET
+    table = [line for line in lines[:-1] if line.split()[:1] == ["round_robin"]]
+    assert len(table) == 1 and f"{report['routers']['round_robin']['makespan_s']:.0f}" in table[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
