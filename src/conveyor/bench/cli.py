@@ -65,19 +65,37 @@ def dispatch(
         Path, typer.Option(help="real workload: the run config (model, engine, tasks, limits)")
     ] = Path("configs/quickstart-eval.yaml"),
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="real workload: config overrides")
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="real workload: config overrides (key.path=value); swe-sim: workload "
+            "parameters (field=value, e.g. max_live_runtimes=256; see docs/dispatch.md)",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="swe-sim: engine replicas in the simulated fleet (each with its own KV and "
+            "prefix cache), and compare router policies on it (the `routers` block)",
+        ),
     ] = None,
 ) -> None:
     """Compare the dispatch strategies; the last line printed is one JSON object."""
     if workload == "real":
+        if replicas is not None:
+            raise typer.BadParameter(
+                "--replicas applies to --workload swe-sim; a real run's replicas come from its "
+                "config (engine.replicas / engine.base_urls)"
+            )
         _real(config, set_ or [], strategies, repeats, json_out, out)
         return
     if workload != "swe-sim":
         raise typer.BadParameter(f"unknown workload {workload!r}; known: swe-sim, real")
     from conveyor.bench.dispatch import run_bench
-    from conveyor.sim.swe import SweSimWorkload
+    from conveyor.bench.routers import ROUTER_POLICIES
 
-    base = SweSimWorkload() if tasks is None else SweSimWorkload(tasks=tasks)
+    base = _sim_workload(set_ or [], tasks, replicas)
     report = run_bench(
         seeds=seeds,
         sweep=sweep,
@@ -85,10 +103,40 @@ def dispatch(
         strategies=_names(strategies),
         workload=base,
         fresh=fresh,
+        routers=ROUTER_POLICIES if replicas is not None else (),
     )
+    if set_:
+        report["workload_overrides"] = list(set_)
     if timeline is not None:
         report["timeline_dir"] = str(_save_timeline(base, report, timeline))
     _emit(report, out, None if json_out else _print_table)
+
+
+def _sim_workload(overrides: list[str], tasks: int | None, replicas: int | None) -> Any:
+    """The swe-sim workload with `--set field=value`, `--tasks` and `--replicas` applied; a
+    clear error for an unknown field or a bad value."""
+    from pydantic import ValidationError
+
+    from conveyor.sim.swe import SweSimWorkload
+
+    fields: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--set {item!r}: expected field=value", param_hint="--set")
+        fields[key.strip()] = value.strip()
+    if tasks is not None:
+        fields["tasks"] = tasks
+    if replicas is not None:
+        fields["engine_replicas"] = replicas
+    try:
+        return SweSimWorkload(**fields)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise typer.BadParameter(
+            f"swe-sim workload: {problems} (fields: {', '.join(SweSimWorkload.model_fields)})",
+            param_hint="--set",
+        ) from None
 
 
 def _names(strategies: str) -> tuple[str, ...]:
@@ -196,3 +244,16 @@ def _print_table(report: dict[str, Any]) -> None:
     print(f"ratios: {report.get('ratios')}")
     if "auto_vs_best_grid_on_fresh" in report:
         print(f"auto vs best grid point, fresh points: {report['auto_vs_best_grid_on_fresh']}")
+    if "routers" in report:
+        setup = report["routers_setup"]
+        print(
+            f"routers: {setup['strategy']} {setup['knobs']} on {setup['engine_replicas']} "
+            f"replicas, seeds {setup['seeds']}"
+        )
+        print(f"{'router':<16}{'makespan_s':>11}{'min-max':>15}{'traj/h':>9}{'recomputed':>12}")
+        for name, r in report["routers"].items():
+            spread = f"{r['makespan_min_s']:.0f}-{r['makespan_max_s']:.0f}"
+            print(
+                f"{name:<16}{r['makespan_s']:>11.0f}{spread:>15}{r['throughput'] * 3600:>9.0f}"
+                f"{r['prefill_tokens_recomputed']:>12.0f}  {r['recomputed_by_cause']}"
+            )

@@ -14,6 +14,10 @@ and others (`SEEN_BY_AUTO`, docs/dispatch.md says when), so only `FRESH_POINTS` 
 fresh for it, and `auto_vs_best_grid_on_fresh` judges it against the best grid point there.
 Each run reports efficiency against the issue's bound and against the tighter runtime-engine
 bound (`bench/bound.py`).
+
+Every strategy runs on the engine's default routing (`session_hash`, `sim/router.py`), the one
+the recorded results were made with. `routers` (CLI: `--replicas N`) adds the router-policy
+comparison of `bench/routers.py`: the pipeline at its tuned best point under each policy.
 """
 
 from __future__ import annotations
@@ -22,19 +26,23 @@ import asyncio
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from conveyor.bench.bound import makespan_bound
+from conveyor.bench.routers import bench_routers
 from conveyor.dispatch import DispatchSettings, Telemetry, make_dispatcher
 from conveyor.sim.engine import SimEngine
+from conveyor.sim.router import DEFAULT_SIM_ROUTER
 from conveyor.sim.stages import SimEnvironment
 from conveyor.sim.swe import SweSimWorkload
 from conveyor.sim.virtual_loop import run_virtual
 from conveyor.types import Status
 
 Knobs = dict[str, Any]
+# (workload, strategy, knobs, seed) or the same and a router name
+Job = tuple[SweSimWorkload, str, Knobs, int] | tuple[SweSimWorkload, str, Knobs, int, str]
 DEFAULT_STRATEGIES = ("batch", "bounded_batch", "bounded_batch_overlap", "pipeline", "auto")
 SEED_DEFAULT_P = 96
 TUNE_TOP = 3
@@ -100,11 +108,15 @@ SEED_DEFAULTS: dict[str, Knobs] = {
 
 
 async def _simulate(
-    workload: SweSimWorkload, settings: DispatchSettings, seed: int, telemetry: Telemetry | None
+    workload: SweSimWorkload,
+    settings: DispatchSettings,
+    seed: int,
+    telemetry: Telemetry | None,
+    router: str,
 ) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     bound = makespan_bound(workload, seed)
-    engine = SimEngine(workload, occupancy_reference=bound.best_batch)
+    engine = SimEngine(workload, occupancy_reference=bound.best_batch, router=router, seed=seed)
     engine.start()
     env = SimEnvironment(workload, seed, engine)
     dispatcher = make_dispatcher(settings, env, engine=engine, telemetry=telemetry)
@@ -131,6 +143,9 @@ async def _simulate(
         "first_group_fraction": group_times[0] / makespan,
         "group_spread_s": deciles[-1] - deciles[0],
         "preemptions": engine.preemptions,
+        "prefill_tokens": engine.prefill_tokens,
+        "prefill_tokens_recomputed": engine.prefill_tokens_recomputed,
+        "recomputed_by_cause": dict(engine.recomputed_by_cause),
         "trajectories": count,
         "statuses": statuses,
         "leaked_runtimes": env.live,
@@ -147,16 +162,21 @@ def simulate(
     knobs: Knobs,
     seed: int,
     telemetry: Telemetry | None = None,
+    router: str = DEFAULT_SIM_ROUTER,
 ) -> dict[str, Any]:
-    """One swe-sim run of one strategy at one grid point, on a fresh virtual-time loop."""
+    """One swe-sim run of one strategy at one grid point, on a fresh virtual-time loop, with
+    the engine fleet's requests routed by `router` (`conveyor.sim.router.ROUTERS`)."""
     settings = DispatchSettings(
         strategy=strategy, max_live_runtimes=workload.max_live_runtimes, **knobs
     )
-    return run_virtual(_simulate(workload, settings, seed, telemetry))
+    return run_virtual(_simulate(workload, settings, seed, telemetry, router))
 
 
-def _job(args: tuple[SweSimWorkload, str, Knobs, int]) -> dict[str, Any]:
-    return simulate(*args)
+def _job(args: Job) -> dict[str, Any]:
+    workload, strategy, knobs, seed = args[:4]
+    return simulate(
+        workload, strategy, knobs, seed, router=args[4] if len(args) > 4 else DEFAULT_SIM_ROUTER
+    )
 
 
 def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -180,7 +200,7 @@ class _Runner:
     def __init__(self, processes: int) -> None:
         self._pool = ProcessPoolExecutor(processes) if processes > 1 else None
 
-    def map(self, jobs: list[tuple[SweSimWorkload, str, Knobs, int]]) -> list[dict[str, Any]]:
+    def map(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
         if self._pool is None:
             return [_job(job) for job in jobs]
         return list(self._pool.map(_job, jobs))
@@ -348,9 +368,11 @@ def run_bench(
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES,
     workload: SweSimWorkload | None = None,
     fresh: bool = True,
+    routers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The whole benchmark as one JSON-ready dict (the CLI prints it): the default point, the
-    sweep if asked, and the points fresh for `auto` (`FRESH_POINTS`) unless `fresh` is off."""
+    sweep if asked, the points fresh for `auto` (`FRESH_POINTS`) unless `fresh` is off, and the
+    router-policy comparison (`routers` block) when `routers` names policies."""
     started = time.perf_counter()
     base = workload or SweSimWorkload()
     seed_list = list(range(seeds))
@@ -390,6 +412,13 @@ def run_bench(
                 fresh_rows.append(_row(factor, live, result))
             report["fresh"] = fresh_rows
             report["auto_vs_best_grid_on_fresh"] = _on_fresh(fresh_rows)
+        if routers:
+            if "pipeline" in point["strategies"]:
+                knobs = point["strategies"]["pipeline"]["best_knobs"]
+            else:  # tuned here the same way, on the tuning seeds, for the comparison only
+                tuned = bench_point(base, seed_list, ["pipeline"], runner, with_defaults=False)
+                knobs = tuned["strategies"]["pipeline"]["best_knobs"]
+            report.update(bench_routers(base, seed_list, knobs, runner.map, routers))
     finally:
         runner.close()
     report["wall_s"] = time.perf_counter() - started

@@ -7,6 +7,17 @@ contexts outgrow the cache, the newest request is preempted (recompute: it re-pr
 whole context when readmitted). Finished sessions stay in the prefix cache, evicted LRU when
 running requests need the room, so a session's next turn only prefills its new tokens on a hit.
 
+Each replica has its own prefix cache; a router policy (`conveyor.sim.router`) picks the replica
+of every request. `prefill_tokens_recomputed` counts the prompt tokens computed that a perfect
+per-session prefix cache would not have needed: at each admission of a request (first or after
+a preemption), the tokens of its context that its session had already computed, on any replica,
+minus those the serving replica still held, i.e. min(context, session's computed tokens) - cached
+prefix. Split by cause (`recomputed_by_cause`): `preemption` (the request's own tokens, lost when
+it was preempted), `routing` (the session's previous request ran on another replica), `eviction`
+(same replica, but its prefix was evicted, or prefix caching is off). The prompt of a session's
+first request is never counted (no per-session cache holds it; sharing between sessions is not
+modelled).
+
 Step time = base + per_seq * batch + per_context_token * (tokens in the batch's contexts)
 + prefill_per_token * prefill tokens. Between events (a request finishing, the cache filling)
 the batch is constant, so the engine advances up to `event_steps` steps per timer: exact in
@@ -17,9 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import zlib
 from collections import OrderedDict, deque
 
+from conveyor.sim.router import DEFAULT_SIM_ROUTER, make_router
 from conveyor.sim.swe import SweSimWorkload
 
 
@@ -47,8 +58,9 @@ class _Request:
 
 
 class _Replica:
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, index: int) -> None:
         self.engine = engine
+        self.index = index
         self.step = 0
         self.running: list[_Request] = []
         self.finish_heap: list[tuple[int, int, int, _Request]] = []
@@ -58,6 +70,11 @@ class _Replica:
         self.idle_total = 0
         self.wake: asyncio.Future[None] | None = None
         self.counter = 0
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests running or waiting here (what a router reads as load)."""
+        return len(self.running) + len(self.waiting)
 
     def submit(self, request: _Request) -> None:
         self.waiting.append(request)
@@ -80,6 +97,7 @@ class _Replica:
                 self.idle_total += cached
                 break
             self.waiting.popleft()
+            self.engine.book_admission(request, self.index, size, cached)
             prefill += new
             request.start_step = self.step
             self.running.append(request)
@@ -102,6 +120,7 @@ class _Replica:
             victim = self.running.pop()
             generated = victim.gen_before + self.step - victim.start_step
             self.kv_used -= victim.context + generated
+            self.engine.book_computed(victim.session, victim.context + generated)
             victim.gen_before = generated
             victim.epoch += 1
             self.waiting.appendleft(victim)
@@ -160,6 +179,7 @@ class _Replica:
             request.closed = True
             total = request.context + request.target
             self.kv_used -= total
+            self.engine.book_computed(request.session, total)
             if self.engine.workload.prefix_caching:
                 self.idle[request.session] = total
                 self.idle_total += total
@@ -170,7 +190,8 @@ class _Replica:
 
 
 class SimEngine:
-    """The simulated engine fleet: `engine_replicas` replicas, sessions routed stickily by hash.
+    """The simulated engine fleet: `engine_replicas` replicas, each request routed by `router`
+    (a name in `conveyor.sim.router.ROUTERS`; `seed` seeds the `random` policy).
 
     Reports `EngineStats` and `EngineCounters` (`conveyor.engines.base`) as vLLM does, so the
     `auto` dispatcher reads the same figures here as on a real engine.
@@ -180,7 +201,12 @@ class SimEngine:
     """
 
     def __init__(
-        self, workload: SweSimWorkload, occupancy_reference: float, event_steps: int = 8
+        self,
+        workload: SweSimWorkload,
+        occupancy_reference: float,
+        event_steps: int = 8,
+        router: str = DEFAULT_SIM_ROUTER,
+        seed: int = 0,
     ) -> None:
         self.workload = workload
         self.occupancy_reference = max(1.0, occupancy_reference)
@@ -189,9 +215,15 @@ class SimEngine:
         self.generated_tokens = 0
         self.prefill_tokens = 0
         self.preemptions = 0
+        self.prefill_tokens_recomputed = 0
+        self.recomputed_by_cause = {"routing": 0, "eviction": 0, "preemption": 0}
         self.busy_s = 0.0
         self.occupancy_s = 0.0
-        self._replicas = [_Replica(self) for _ in range(workload.engine_replicas)]
+        self.router_name = router
+        self._router = make_router(router, seed)
+        self._replicas = [_Replica(self, i) for i in range(workload.engine_replicas)]
+        self._computed: dict[str, int] = {}  # session -> tokens it has computed (any replica)
+        self._served_by: dict[str, int] = {}  # session -> replica of its last admission
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -239,7 +271,7 @@ class SimEngine:
     async def generate(self, session: str, context_tokens: int, completion_tokens: int) -> None:
         """Generate `completion_tokens` after a prompt of `context_tokens` for `session`."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        replica = self._replicas[zlib.crc32(session.encode()) % len(self._replicas)]
+        replica = self._replicas[self._router.route(session, self._replicas)]
         request = _Request(session, context_tokens, completion_tokens, future)
         self.in_flight += 1
         replica.submit(request)
@@ -248,6 +280,31 @@ class SimEngine:
         except asyncio.CancelledError:
             replica.abort(request)  # like vLLM's abort: the slot and its KV are freed now
             raise
+
+    @property
+    def requests_per_replica(self) -> list[int]:
+        """Requests in flight on each replica now."""
+        return [replica.requests_in_flight for replica in self._replicas]
+
+    def book_admission(self, request: _Request, replica: int, size: int, cached: int) -> None:
+        """Count the admitted request's recomputed prefill (module docstring) and its cause."""
+        computed = self._computed.get(request.session, 0)
+        missed = max(0, min(size, computed) - cached)
+        if missed:
+            if request.epoch:
+                cause = "preemption"
+            elif self._served_by.get(request.session, replica) != replica:
+                cause = "routing"
+            else:
+                cause = "eviction"
+            self.recomputed_by_cause[cause] += missed
+            self.prefill_tokens_recomputed += missed
+        self._computed[request.session] = max(computed, size)
+        self._served_by[request.session] = replica
+
+    def book_computed(self, session: str, tokens: int) -> None:
+        """The session has computed `tokens` of context (a request finished or was preempted)."""
+        self._computed[session] = max(self._computed.get(session, 0), tokens)
 
     def account(self, batch: int, duration: float, prefill: int) -> None:
         """Book one engine timer: busy time, occupancy against the reference batch, prefill."""
