@@ -177,13 +177,15 @@ def start_replicas(
     try:
         for index, port in enumerate(_free_ports(count)):
             env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+            # set by an in-process engine of this process for itself; a server needs its own
+            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
                 sharing = len(range(index % gpus, count, gpus))
                 utilization = _GPU_SHARE / sharing
                 served_dtype = dtype
             else:
-                env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
                 utilization = 0.5  # on CPU it reserves host memory; the KV space is set above
                 served_dtype = "float32" if dtype == "auto" else dtype
             command = server_command(
