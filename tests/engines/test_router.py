@@ -342,3 +342,28 @@ def test_replica_settings_are_checked_and_one_url_is_the_plain_client(model_dir:
     assert isinstance(routed, RoutedEngine) and isinstance(routed, WeightReceiver)
     assert [r.name for r in routed.replicas] == ["http://a:1/v1", "http://b:2/v1"]
     assert EngineConfig().replicas == 1
+
+
+def test_training_checks_every_replica_and_names_the_one_without_weight_reloads() -> None:
+    from test_vllm_server import FakeServer
+
+    servers = [FakeServer(), FakeServer(dev_mode=False)]
+    router = route([VLLMServerEngine(s.url, "m") for s in servers], ["dev", "plain"])
+
+    async def go() -> None:
+        try:
+            await router.check_served()  # type: ignore[attr-defined]  # both serve "m"
+            with pytest.raises(EngineError) as caught:
+                await router.check_trainable()  # type: ignore[attr-defined]
+        finally:
+            await router.close()
+        message = str(caught.value)
+        assert message.startswith("1 of 2 engine replicas failed the start-up check: replica ")
+        assert "replica plain: the server at" in message and "replica dev" not in message
+        assert "/collective_rpc answers HTTP 404" in message
+
+    try:
+        asyncio.run(go())
+    finally:
+        for server in servers:
+            server.stop()
