@@ -113,19 +113,18 @@ class RoutedEngine:
         labels = (
             list(names) if names is not None else [f"replica-{i}" for i in range(len(replicas))]
         )
-        if len(labels) != len(replicas):
-            raise ValueError(f"{len(labels)} names for {len(replicas)} replicas")
+        logged: list[str | None] = list(logs) if logs is not None else [None] * len(replicas)
+        if not len(labels) == len(logged) == len(replicas):
+            raise ValueError(f"{len(labels)} names, {len(logged)} logs, {len(replicas)} replicas")
         self.replicas = [
-            Replica(index=i, name=label, client=client)
-            for i, (label, client) in enumerate(zip(labels, replicas, strict=True))
+            Replica(index=i, name=label, client=client, log=log)
+            for i, (label, client, log) in enumerate(zip(labels, replicas, logged, strict=True))
         ]
-        for replica, log in zip(self.replicas, logs or [], strict=False):
-            replica.log = log
         self.max_sessions = max_sessions
         self.moved_sessions = 0
         self._kv = [r.client if isinstance(r.client, KVCacheStats) else None for r in self.replicas]
         self._sessions: OrderedDict[str, Replica] = OrderedDict()
-        self._update: asyncio.Event | None = None  # set while a weight update is under way
+        self._update: asyncio.Event | None = None  # a weight update under way (set when done)
 
     # -- SamplingClient ---------------------------------------------------------------------
 
