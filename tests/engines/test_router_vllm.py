@@ -29,9 +29,12 @@ from conveyor.types import Status, Trajectory
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-# The quickstart config, greedy, a short run: 8 rollouts of up to 4 turns, all at once.
+# The quickstart config, greedy, a short run: 8 rollouts of up to 4 turns, all at once. The
+# base model answers filenav in one long turn; search questions take it several short turns
+# (a rollout that spans requests is what stickiness is about), so both families run.
 COMMON = [
-    "tasks.num_tasks=8",
+    "tasks.families=[filenav, search]",
+    "tasks.num_tasks=4",
     "tasks.group_size=1",
     "tasks.split=eval",
     "sampling.temperature=0",
@@ -115,7 +118,10 @@ def _routed_eval_with_a_kill(run_dir: Path) -> Path:
         run = asyncio.create_task(run_eval(resolved, show_progress=False))
         killer = asyncio.create_task(_kill_one_replica_mid_run(run_dir / "trajectories.jsonl"))
         await asyncio.wait([run, killer], return_when=asyncio.FIRST_COMPLETED)
-        assert killer.done(), "the run ended before a replica could be killed mid-run"
+        if not killer.done():
+            killer.cancel()
+            await run  # the run's own error, if it failed
+            raise AssertionError("the run ended before a replica could be killed mid-run")
         await asyncio.wait_for(run, timeout=300)  # no hang
         return killer.result()
 
