@@ -96,6 +96,9 @@ class Composition:
                 update={
                     "kind": side.engine,
                     "base_url": side.base_url,
+                    "base_urls": None,  # the run's replicas are not the side model's
+                    "replicas": 1,
+                    "server_args": [],
                     "served_model_name": side.served_model_name,
                 }
             )

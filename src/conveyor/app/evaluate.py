@@ -16,6 +16,7 @@ from conveyor.app.compose import Composition, make_run_dir
 from conveyor.app.reports import summarize
 from conveyor.config import ResolvedConfig, config_to_yaml
 from conveyor.engines.base import RequestCounters
+from conveyor.engines.router import RoutedEngine
 from conveyor.types import Trajectory
 
 
@@ -73,6 +74,9 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     if isinstance(client, RequestCounters):
         # retried requests cost time but not correctness: said here, never silent
         summary["engine_requests"] = client.request_counters()
+    if isinstance(client, RoutedEngine):
+        # requests, sessions and moved sessions per replica: where the load went
+        summary["engine_replicas"] = client.routing_summary()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir
 

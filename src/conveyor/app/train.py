@@ -131,6 +131,7 @@ async def run_training(
 ) -> Path:
     """The whole training job; returns the run folder."""
     from conveyor.engines.base import RequestCounters, TrainableCheck, WeightFolder
+    from conveyor.engines.router import RoutedEngine
     from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
     from conveyor.trainer.faults import armed
     from conveyor.trainer.loop import RLLoop
@@ -275,6 +276,9 @@ async def run_training(
     summary["runtime_starts"] = parts.runtime_starts.report()
     if isinstance(client, RequestCounters):
         summary["engine_requests"] = client.request_counters()
+    if isinstance(client, RoutedEngine):
+        # requests, sessions and moved sessions per replica: where the load went
+        summary["engine_replicas"] = client.routing_summary()
     _write(run_dir / "summary.json", summary)
     return run_dir
 

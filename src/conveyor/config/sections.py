@@ -48,6 +48,25 @@ class EngineConfig(Section):
         description="URL of the OpenAI-compatible server, e.g. http://localhost:8000/v1; "
         "required when kind is 'openai'.",
     )
+    base_urls: list[str] | None = Field(
+        default=None,
+        description="engine.kind 'openai', instead of base_url: the URLs of N servers of the "
+        "same model, one replica each behind the session-aware router (every request of a "
+        "rollout to one replica, new rollouts to the least-loaded one, a dead replica's rollouts "
+        "moved as counted infra retries; docs/engines.md, 'Replicas and the router').",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="engine.kind 'vllm': 1 is the in-process engine; N > 1 starts N local vLLM "
+        "server processes (a port each, development mode so training can reload their weights) "
+        "behind the session-aware router, and stops them at the end.",
+    )
+    server_args: list[str] = Field(
+        default_factory=list,
+        description="engine.replicas > 1: extra command-line arguments of each replica's vLLM "
+        "server, e.g. ['--enable-log-requests'].",
+    )
     served_model_name: str | None = Field(
         default=None,
         description="engine.kind 'openai': the model name the server serves (its "
@@ -111,8 +130,37 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> Self:
-        if self.kind == "openai" and self.base_url is None:
-            raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
+        if self.kind == "openai" and self.base_url is None and not self.base_urls:
+            raise ValueError(
+                "engine.kind 'openai' needs engine.base_url (the server's URL) or "
+                "engine.base_urls (several servers of the same model)"
+            )
+        if self.base_urls is not None:
+            if self.kind != "openai":
+                raise ValueError(
+                    f"engine.base_urls names servers, which engine.kind 'openai' reaches; "
+                    f"engine.kind is {self.kind!r} (for local replicas use engine.replicas "
+                    "with kind 'vllm')"
+                )
+            if self.base_url is not None:
+                raise ValueError("give engine.base_url or engine.base_urls, not both")
+            if not self.base_urls:
+                raise ValueError("engine.base_urls is empty: list at least one server URL")
+            normalized = [url.rstrip("/") for url in self.base_urls]
+            twice = sorted({url for url in normalized if normalized.count(url) > 1})
+            if twice:
+                raise ValueError(f"engine.base_urls lists {twice} more than once")
+        if self.replicas > 1 and self.kind != "vllm":
+            raise ValueError(
+                f"engine.replicas={self.replicas} starts local vLLM servers, which needs "
+                f"engine.kind 'vllm', not {self.kind!r}; servers you run yourself go in "
+                "engine.base_urls (kind 'openai')"
+            )
+        if self.server_args and self.replicas == 1:
+            raise ValueError(
+                "engine.server_args are arguments of the replica servers that "
+                "engine.replicas > 1 starts; with one in-process engine nothing reads them"
+            )
         return self
 
 

