@@ -30,7 +30,9 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     started = time.monotonic()
     parts.tokenizer  # noqa: B018 - loaded before the clock of the engine start stops
     try:
-        # checked before the run folder exists: a wrong URL or model name leaves nothing behind
+        # checked before the run folder exists: a wrong URL or model name, or a Ray cluster
+        # that cannot host the runtimes, leaves nothing behind
+        parts.start_cluster()
         client = await parts.checked_engine()
         engine_ready = time.monotonic() - started
         run_dir = make_run_dir(config, "eval")
