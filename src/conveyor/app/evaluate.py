@@ -25,14 +25,14 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
 
     config = resolved.config
     parts = Composition(config)
+    # A Ray cluster that cannot host the runtimes says so first, before any file is loaded.
+    parts.start_cluster()
     model_dir = parts.model_dir
     tasks = parts.tasks()
     started = time.monotonic()
     parts.tokenizer  # noqa: B018 - loaded before the clock of the engine start stops
     try:
-        # checked before the run folder exists: a wrong URL or model name, or a Ray cluster
-        # that cannot host the runtimes, leaves nothing behind
-        parts.start_cluster()
+        # checked before the run folder exists: a wrong URL or model name leaves nothing behind
         client = await parts.checked_engine()
         engine_ready = time.monotonic() - started
         run_dir = make_run_dir(config, "eval")

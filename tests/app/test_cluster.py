@@ -1,0 +1,185 @@
+"""A run on a Ray cluster (`cluster:` and `trainer.backend: ray_fsdp`, docs/scale.md).
+
+Fast: the settings that cannot work together, and an unreachable address, each answered with one
+message in seconds (through `conveyor eval`, before any engine starts). Slow: a simulated
+three-node `ray.cluster_utils.Cluster` runs two real RL steps of the quickstart model, and a
+cluster without a sandbox node is refused at start.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.config import ConfigError, load_config
+from conveyor.config.cluster import ClusterConfig
+from conveyor.dispatch.ray_cluster import ClusterError, connect, head_endpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["trainer.backend=ray_fsdp"],
+            r"trainer.backend 'ray_fsdp' runs the trainer as Ray actors, but cluster.address "
+            r"is null",
+        ),
+        (
+            ["cluster.address=local", "cluster.trainer_workers=2"],
+            r"cluster.trainer_workers \(2\) needs trainer.backend 'ray_fsdp'",
+        ),
+        (
+            ["cluster.address=local", "dispatch.executor=ray"],
+            r"dispatch.executor 'ray' with cluster.address set.*leave dispatch.executor at "
+            r"'asyncio'",
+        ),
+        (["cluster.sandbox_resource=CPU"], r"'CPU' is one of Ray's own resources"),
+        (["cluster.trainer_workers=0"], r"cluster.trainer_workers"),
+    ],
+)
+def test_cluster_settings_that_cannot_work_together_are_refused(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "configs/quickstart.yaml", overrides)
+
+
+def test_a_cluster_run_is_one_section_and_one_backend_name() -> None:
+    resolved = load_config(
+        REPO / "configs/quickstart.yaml",
+        [
+            "cluster.address=ray://head:10001",
+            "trainer.backend=ray_fsdp",
+            "cluster.trainer_workers=4",
+        ],
+    )
+    cluster = resolved.config.cluster
+    assert (cluster.address, cluster.trainer_workers) == ("ray://head:10001", 4)
+    assert (cluster.sandbox_resource, cluster.trainer_resource) == ("sandbox", "trainer")
+    assert resolved.sources["cluster.address"] == "--set"
+    assert load_config(REPO / "configs/quickstart.yaml").config.cluster.address is None
+
+
+def test_cluster_addresses_name_the_head_they_probe() -> None:
+    assert head_endpoint("10.0.0.5:6380") == ("10.0.0.5", 6380)
+    assert head_endpoint("head") == ("head", 6379)
+    assert head_endpoint("ray://head") == ("head", 10001)
+    assert head_endpoint("ray://10.0.0.5:10002") == ("10.0.0.5", 10002)
+    assert head_endpoint("[fd00::2]:6379") == ("fd00::2", 6379)
+    assert head_endpoint("auto") is None
+    with pytest.raises(ClusterError, match="is not HOST:PORT"):
+        head_endpoint("head:port")
+
+
+def test_an_unreachable_address_is_one_message_in_seconds(tmp_path: Path) -> None:
+    """Ray's own `ray.init` retries an unreachable head for minutes (measured: still waiting
+    after 120 s); the probe answers at once, and `conveyor eval` stops before the engine starts
+    and before a run folder exists."""
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=rf"'{address}': nothing answers at 127.0.0.1"):
+        connect(ClusterConfig(address=address, connect_timeout_s=5))
+    assert time.monotonic() - started < 6
+
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "eval",
+            str(REPO / "configs/quickstart-eval.yaml"),
+            "--set",
+            f"cluster.address={address}",
+            "--set",
+            f"run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = [row for row in result.stderr.splitlines() if row.strip()]
+    assert line.startswith(f"error: cluster.address '{address}': nothing answers")
+    assert "ray start --head" in line
+    assert time.monotonic() - started < 60  # interpreter start and imports; no engine
+    assert not run_dir.exists()
+
+
+def conveyor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def actor_table(address: str) -> list[dict[str, Any]]:
+    """Every actor Ray's actor table (GCS) knows of, dead ones included, read as a new driver."""
+    import ray
+    from ray._private.state import actors
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        return list(actors().values())
+    finally:
+        ray.shutdown()
+
+
+def live(table: list[dict[str, Any]]) -> list[str]:
+    return [a["ActorClassName"] for a in table if a["State"] != "DEAD"]
+
+
+@pytest.mark.slow
+def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) -> None:
+    """Head and one trainer node, no node with `sandbox`: `conveyor train` says so, with the
+    trainer shortfall, before the engine starts; nothing is left running on the cluster."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1, resources={"trainer": 2})
+        cluster.wait_for_nodes()
+        run_dir = tmp_path / "run"
+        started = time.monotonic()
+        result = conveyor(
+            "train",
+            "configs/quickstart.yaml",
+            *("--set", f"cluster.address={cluster.address}"),
+            *("--set", "trainer.backend=ray_fsdp"),
+            *("--set", "cluster.trainer_workers=3"),
+            *("--set", f"run.dir={run_dir}"),
+        )
+        elapsed = time.monotonic() - started
+        assert result.returncode == 2, result.stderr[-3000:]
+        errors = [row for row in result.stderr.splitlines() if row.startswith("error:")]
+        assert len(errors) == 1, result.stderr[-3000:]
+        assert "cannot host this run: no node offers the resource 'sandbox'" in errors[0]
+        assert "cluster.trainer_workers is 3 but the nodes offer 2 units of 'trainer'" in errors[0]
+        assert "trainer: 2" in errors[0]  # the nodes it saw
+        assert elapsed < 90 and not run_dir.exists()
+        assert live(actor_table(cluster.address)) == []
+    finally:
+        cluster.shutdown()
