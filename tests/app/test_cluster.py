@@ -8,6 +8,8 @@ cluster without a sandbox node is refused at start.
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -183,3 +185,128 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         assert live(actor_table(cluster.address)) == []
     finally:
         cluster.shutdown()
+
+
+# Two RL steps of the quickstart model on tasks with some reward variance (the `echo` plugin
+# family: the embedded model solves some) and bubblewrap sandboxes (HumanEval `code`: each
+# rollout's runtime starts with a real bwrap probe). Seeded sampling (`sampling_seed`: one seed
+# per request, from the rollout and turn) makes the rollouts of both runs the same tokens.
+TWO_STEPS = [
+    "plugins=[echo_family]",
+    "tasks.families=[echo, code]",
+    "tasks.num_tasks=2",
+    "tasks.group_size=2",
+    "rl.tasks_per_step=4",
+    "rl.steps=2",
+    "rl.eval_tasks=0",
+    "rl.sft_steps=0",
+    "rl.checkpoint_every=2",
+    "agent.max_turns=2",
+    "agent.max_completion_tokens=48",
+    "sampling.sampling_seed=3",
+    "trainer.lr=1.0e-4",  # moves weights well past the comparison's tolerance
+]
+ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size
+WEIGHT_TOLERANCE = 1e-5
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rollouts(run_dir: Path) -> list[tuple[Any, ...]]:
+    """What each rollout sampled and scored, in a canonical order."""
+    out = []
+    for r in records(run_dir / "rollouts.jsonl"):
+        tokens = tuple(tuple(turn["completion_ids"]) for turn in r["turns"])
+        out.append((r["step"], r["task_id"], r["sample_index"], r["status"], r["reward"], tokens))
+    return sorted(out)
+
+
+def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    sets = [*TWO_STEPS, f"run.dir={run_dir}", *extra]
+    return conveyor(
+        "train",
+        "configs/quickstart.yaml",
+        *[arg for item in sets for arg in ("--set", item)],
+    )
+
+
+@pytest.mark.slow
+def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Head, a `sandbox` node and a `trainer` node (`ray.cluster_utils.Cluster`, CPU only):
+    `conveyor train` with `cluster.address` and `trainer.backend: ray_fsdp` places every
+    runtime on the sandbox node and two FSDP2 workers (gloo) on the trainer node; the engine
+    is in-process vLLM in the driver. Rollouts, losses and final weights equal a run of the
+    same config in one process, and no actor outlives the run."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+    from safetensors.torch import load_file
+
+    # Every Ray worker (started by the nodes below) imports the plugin family too.
+    plugins = str(REPO / "tests/plugins/parts")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([plugins, os.environ.get("PYTHONPATH", "")]))
+
+    single_dir = tmp_path / "single"
+    single = train(single_dir)
+    assert single.returncode == 0, single.stderr[-4000:]
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        sandbox = cluster.add_node(num_cpus=1, resources={"sandbox": 16})
+        trainer = cluster.add_node(num_cpus=2, resources={"trainer": 2})
+        cluster.wait_for_nodes()
+        ray_dir = tmp_path / "ray"
+        placed = train(
+            ray_dir,
+            f"cluster.address={cluster.address}",
+            "trainer.backend=ray_fsdp",
+            "cluster.trainer_workers=2",
+        )
+        assert placed.returncode == 0, placed.stderr[-4000:]
+
+        # every runtime on the sandbox node, both trainer ranks on the trainer node, none alive
+        deadline = time.monotonic() + 60
+        while live(table := actor_table(cluster.address)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert live(table) == []
+        nodes: dict[str, set[str]] = {}
+        counts: dict[str, int] = {}
+        for actor in table:
+            name = actor["ActorClassName"]
+            nodes.setdefault(name, set()).add(actor["Address"]["NodeID"])
+            counts[name] = counts.get(name, 0) + 1
+        assert nodes == {"RuntimeHost": {sandbox.node_id}, "TrainerWorker": {trainer.node_id}}
+        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS
+    finally:
+        cluster.shutdown()
+
+    # the same rollouts (tokens, statuses, rewards), so the updates see the same batches ...
+    cluster_rollouts = rollouts(ray_dir)
+    assert len(cluster_rollouts) == ROLLOUTS
+    assert cluster_rollouts == rollouts(single_dir)
+    code = [r for r in cluster_rollouts if r[1].startswith("code")]
+    assert code and all(r[3] != "infra_error" for r in code)  # bwrap sandboxes started
+    # ... and the same updates, at least one of them on a nonzero advantage
+    ray_steps, single_steps = (
+        records(ray_dir / "metrics.jsonl"),
+        records(single_dir / "metrics.jsonl"),
+    )
+    assert [m["step"] for m in ray_steps] == [1, 2]
+    assert any(m["train/skipped_samples"] < m["samples"] for m in ray_steps)
+    for got, want in zip(ray_steps, single_steps, strict=True):
+        assert got["train/loss"] == pytest.approx(want["train/loss"], abs=1e-5)
+        assert got["train/grad_norm"] == pytest.approx(want["train/grad_norm"], rel=1e-4)
+        assert got["train/policy_version"] == want["train/policy_version"]
+    final = load_file(ray_dir / "final_model/model.safetensors")
+    reference = load_file(single_dir / "final_model/model.safetensors")
+    base = load_file(model_dir / "model.safetensors")
+    assert final.keys() == reference.keys()
+    worst = max(float((final[k] - reference[k]).abs().max()) for k in reference)
+    moved = max(float((reference[k] - base[k]).abs().max()) for k in reference if k in base)
+    assert worst < WEIGHT_TOLERANCE < moved / 10, (worst, moved)
+    assert (ray_dir / "checkpoints").is_dir()  # written by the workers, where the driver said
