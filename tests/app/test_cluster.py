@@ -198,7 +198,7 @@ TWO_STEPS = [
     "tasks.group_size=2",
     "rl.tasks_per_step=4",
     "rl.steps=2",
-    "rl.eval_tasks=0",
+    "rl.eval_tasks=1",  # greedy evaluations before and after, their runtimes placed too
     "rl.sft_steps=0",
     "rl.checkpoint_every=2",
     "agent.max_turns=2",
@@ -206,7 +206,7 @@ TWO_STEPS = [
     "sampling.sampling_seed=3",
     "trainer.lr=1.0e-4",  # moves weights well past the comparison's tolerance
 ]
-ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size
+ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 x 2 evaluation rollouts)
 WEIGHT_TOLERANCE = 1e-5
 
 
@@ -281,7 +281,7 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             nodes.setdefault(name, set()).add(actor["Address"]["NodeID"])
             counts[name] = counts.get(name, 0) + 1
         assert nodes == {"RuntimeHost": {sandbox.node_id}, "TrainerWorker": {trainer.node_id}}
-        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS
+        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 4
     finally:
         cluster.shutdown()
 
@@ -310,3 +310,9 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
     moved = max(float((reference[k] - base[k]).abs().max()) for k in reference if k in base)
     assert worst < WEIGHT_TOLERANCE < moved / 10, (worst, moved)
     assert (ray_dir / "checkpoints").is_dir()  # written by the workers, where the driver said
+    for name in ("eval_before.json", "eval_after.json"):
+        got, want = (
+            json.loads((ray_dir / name).read_text()),
+            json.loads((single_dir / name).read_text()),
+        )
+        assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 2

@@ -13,6 +13,7 @@ from tiny_llama import random_batch, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TrainerConfig
 from conveyor.config.cluster import ClusterConfig
+from conveyor.engines.base import WeightFingerprint
 from conveyor.registry import BACKENDS
 from conveyor.trainer.checkpoint import load_checkpoint, save_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
@@ -36,9 +37,12 @@ def test_two_ray_workers_train_like_one_process_and_stop_together(tmp_path: Path
     folder = save_tiny_llama(tmp_path / "tiny")
     batches = [random_batch(n=7, seed=22), random_batch(n=5, seed=23)]
     probe = batches[0].samples[:3]
+    like = WeightFingerprint(policy_version=0, digests={"model.norm.weight": ""})
+    probe_ids = list(probe[0].input_ids)
     single = TorchTrainingEngine(folder, SETTINGS)
     expected = [single.step(batches[0])]
     logprobs_after_one = single.compute_logprobs(probe)
+    fingerprint_after_one = single.weight_fingerprint(like, probe_ids)
     expected.append(single.step(batches[1]))
     reference = dict(single.export_weights())
 
@@ -56,7 +60,15 @@ def test_two_ray_workers_train_like_one_process_and_stop_together(tmp_path: Path
             assert got.loss == pytest.approx(want.loss, abs=1e-6)
             # Adam hides a gradient scale error in the weights; the norm does not
             assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
-            if step == 1:  # collective save, written where the driver said
+            if step == 1:
+                # as the RL loop does: the sync's check (a forward-only pass), then a
+                # collective save into the folder the driver names
+                fingerprint = trainer.weight_fingerprint(like, probe_ids)
+                assert fingerprint.policy_version == 1
+                assert fingerprint.digests.keys() == {"model.norm.weight"}
+                assert fingerprint.probe_logprobs == pytest.approx(
+                    fingerprint_after_one.probe_logprobs, abs=1e-5
+                )
                 saved = save_checkpoint(tmp_path / "run", step, trainer, {"cursor": 2})
                 after_one = dict(trainer.export_weights())
         assert trainer.policy_version == 2
