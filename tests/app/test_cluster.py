@@ -180,6 +180,9 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         assert len(errors) == 1, result.stderr[-3000:]
         assert "cannot host this run: no node offers the resource 'sandbox'" in errors[0]
         assert "cluster.trainer_workers is 3 but the nodes offer 2 units of 'trainer'" in errors[0]
+        assert (
+            "3 trainer workers x cluster.trainer_cpus_per_worker 1 = 3 CPUs, but the " in errors[0]
+        )
         assert "trainer: 2" in errors[0]  # the nodes it saw
         assert elapsed < 90 and not run_dir.exists()
         assert live(actor_table(cluster.address)) == []

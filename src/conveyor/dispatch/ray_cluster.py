@@ -123,8 +123,10 @@ def head_endpoint(address: str) -> tuple[str, int] | None:
 
 
 def check_resources(ray: Any, settings: ClusterConfig, trainer_workers: int = 0) -> None:
-    """`ClusterError` unless some node offers the sandbox resource and the trainer resource
-    adds up to `trainer_workers` units (actors asking for what no node has would pend forever)."""
+    """`ClusterError` unless some node offers the sandbox resource, and the trainer resource,
+    CPUs and GPUs add up to what `trainer_workers` workers ask for (actors asking for what the
+    cluster does not have would pend forever). Totals, not per node: a worker that fits no
+    single node is caught by `cluster.start_timeout_s`."""
     total = ray.cluster_resources()
     problems = []
     sandbox, trainer = settings.sandbox_resource, settings.trainer_resource
@@ -141,6 +143,17 @@ def check_resources(ray: Any, settings: ClusterConfig, trainer_workers: int = 0)
             "nodes (`--resources='{\"" + trainer + "\": N}'`), lower cluster.trainer_workers, "
             "or set cluster.trainer_resource"
         )
+    for kind, per_worker in (
+        ("CPU", settings.trainer_cpus_per_worker),
+        ("GPU", settings.trainer_gpus_per_worker),
+    ):
+        wanted = trainer_workers * per_worker
+        if wanted and total.get(kind, 0.0) < wanted:
+            problems.append(
+                f"{trainer_workers} trainer workers x cluster.trainer_{kind.lower()}s_per_worker "
+                f"{per_worker:g} = {wanted:g} {kind}s, but the cluster has "
+                f"{total.get(kind, 0.0):g}"
+            )
     if problems:
         raise ClusterError(
             f"the Ray cluster at {settings.address!r} cannot host this run: "
