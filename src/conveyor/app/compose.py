@@ -7,6 +7,7 @@ family is wired once: each is looked up by name in `conveyor.registry`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -245,7 +246,8 @@ class Composition:
         if callable(stop):
 
             async def close_backend() -> None:
-                stop()
+                if inspect.isawaitable(done := stop()):
+                    await done
 
             self._closers.append(close_backend)
         return backend

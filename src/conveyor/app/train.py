@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import random
 import shutil
@@ -125,8 +126,9 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
         )
     exported = export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
     stop = getattr(backend, "close", None)
-    if callable(stop):
-        stop()  # trainer workers hold their nodes' trainer units, which the RL trainer needs
+    # Trainer workers hold their nodes' trainer units, which the RL trainer needs next.
+    if callable(stop) and inspect.isawaitable(done := stop()):
+        await done
     return exported
 
 
