@@ -319,3 +319,49 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             json.loads((single_dir / name).read_text()),
         )
         assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 2
+
+
+def test_the_stages_a_sandbox_node_gets_carry_the_families_not_the_engine() -> None:
+    """`RayStages` ships `AgentStages` to each runtime actor: the copy runs init and reward (the
+    family's runtime and grader) and leaves behind the engine client, which cannot travel."""
+    import asyncio
+    import pickle
+    import threading
+
+    from conveyor.agent.chat import ChatRenderer
+    from conveyor.config import AgentConfig, SamplingConfig
+    from conveyor.rollout import AgentStages
+    from conveyor.types import Trajectory
+
+    class Engine:  # like an in-process engine: holds what pickle refuses
+        lock = threading.Lock()
+
+    def renderer(schemas: list[dict[str, Any]]) -> ChatRenderer:
+        raise AssertionError("the run stage stays in the driver")
+
+    stages = AgentStages(
+        Engine(),  # type: ignore[arg-type]
+        renderer,
+        AgentConfig(),
+        SamplingConfig(),
+        rollout_timeout_s=60,
+    )
+    with pytest.raises(TypeError):
+        pickle.dumps(Engine.lock)
+    shipped = pickle.loads(pickle.dumps(stages))
+    assert shipped.client is None and isinstance(stages.client, Engine)
+    (task,) = shipped.family("arithmetic").make_tasks(1, 0, "eval")
+    answer = str(task.data["answer"])
+
+    async def init_and_reward() -> list[float | None]:
+        runtime = await shipped.init(task, 0, 0)
+        try:
+            out = []
+            for text in (answer, f"{answer}1"):
+                done = Trajectory(task_id=task.id, messages=[{"role": "answer", "content": text}])
+                out.append((await shipped.reward(task, done, runtime)).reward)
+            return out
+        finally:
+            await runtime.close()
+
+    assert asyncio.run(init_and_reward()) == [1.0, 0.0]
