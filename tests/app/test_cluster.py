@@ -190,14 +190,14 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         cluster.shutdown()
 
 
-# Two RL steps of the quickstart model on tasks with some reward variance (the `echo` plugin
-# family: the embedded model solves some) and bubblewrap sandboxes (HumanEval `code`: each
-# rollout's runtime starts with a real bwrap probe). Seeded sampling (`sampling_seed`: one seed
-# per request, from the rollout and turn) makes the rollouts of both runs the same tokens.
+# Two RL steps of the quickstart model on tasks graded in bubblewrap sandboxes, with reward
+# variance from the untrained model (the `mention` plugin family: say a word; `grep -w` in the
+# rollout's sandbox decides). Seeded sampling (`sampling_seed`: one seed per request, from the
+# rollout and turn) makes the rollouts of both runs the same tokens.
 TWO_STEPS = [
-    "plugins=[echo_family]",
-    "tasks.families=[echo, code]",
-    "tasks.num_tasks=2",
+    "plugins=[mention_family]",
+    "tasks.families=[mention]",
+    "tasks.num_tasks=4",
     "tasks.group_size=2",
     "rl.tasks_per_step=4",
     "rl.steps=2",
@@ -209,7 +209,7 @@ TWO_STEPS = [
     "sampling.sampling_seed=3",
     "trainer.lr=1.0e-4",  # moves weights well past the comparison's tolerance
 ]
-ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 x 2 evaluation rollouts)
+ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 evaluation rollouts)
 WEIGHT_TOLERANCE = 1e-5
 
 
@@ -241,9 +241,9 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
 ) -> None:
     """Head, a `sandbox` node and a `trainer` node (`ray.cluster_utils.Cluster`, CPU only):
     `conveyor train` with `cluster.address` and `trainer.backend: ray_fsdp` places every
-    runtime on the sandbox node and two FSDP2 workers (gloo) on the trainer node; the engine
-    is in-process vLLM in the driver. Rollouts, losses and final weights equal a run of the
-    same config in one process, and no actor outlives the run."""
+    runtime (bubblewrap) on the sandbox node and two FSDP2 workers (gloo) on the trainer node;
+    the engine is in-process vLLM in the driver. Rollouts, losses and final weights equal a
+    run of the same config in one process, and no actor outlives the run."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
     from safetensors.torch import load_file
@@ -251,6 +251,10 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
     # Every Ray worker (started by the nodes below) imports the plugin family too.
     plugins = str(REPO / "tests/plugins/parts")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([plugins, os.environ.get("PYTHONPATH", "")]))
+    # Ray's memory monitor kills workers when the whole machine passes 95% of its memory, other
+    # processes' memory included (it killed this test's runtime actors while other test runs
+    # held 15 GB): off for these simulated nodes, which share one machine.
+    monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
 
     single_dir = tmp_path / "single"
     single = train(single_dir)
@@ -284,7 +288,7 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             nodes.setdefault(name, set()).add(actor["Address"]["NodeID"])
             counts[name] = counts.get(name, 0) + 1
         assert nodes == {"RuntimeHost": {sandbox.node_id}, "TrainerWorker": {trainer.node_id}}
-        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 4
+        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 2
     finally:
         cluster.shutdown()
 
@@ -292,8 +296,9 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
     cluster_rollouts = rollouts(ray_dir)
     assert len(cluster_rollouts) == ROLLOUTS
     assert cluster_rollouts == rollouts(single_dir)
-    code = [r for r in cluster_rollouts if r[1].startswith("code")]
-    assert code and all(r[3] != "infra_error" for r in code)  # bwrap sandboxes started
+    # every sandbox started and graded (on the sandbox node), and some samples said the word
+    assert all(r[3] != "infra_error" for r in cluster_rollouts)
+    assert 0 < sum(r[4] for r in cluster_rollouts) < ROLLOUTS
     # ... and the same updates, at least one of them on a nonzero advantage
     ray_steps, single_steps = (
         records(ray_dir / "metrics.jsonl"),
@@ -318,7 +323,7 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             json.loads((ray_dir / name).read_text()),
             json.loads((single_dir / name).read_text()),
         )
-        assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 2
+        assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 1
 
 
 def test_the_stages_a_sandbox_node_gets_carry_the_families_not_the_engine() -> None:
