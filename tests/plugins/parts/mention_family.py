@@ -20,6 +20,12 @@ from conveyor.tasks.family import Grade, register_family, sample_instances, task
 from conveyor.types import Task, ToolCall, Trajectory
 
 WORDS = ["harbor", "violet", "pepper", "canyon", "lantern", "meadow", "copper", "falcon"]
+ASKS = [
+    "Write one short sentence about a {word}.",
+    "Use the word {word} in a sentence.",
+    "Describe a {word} in a few words.",
+    "Tell me one fact about a {word}.",
+]
 
 
 @register_family
@@ -35,19 +41,20 @@ class MentionFamily:
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct words of `split`."""
 
-        def draw(rng: random.Random) -> tuple[str, str]:
+        def draw(rng: random.Random) -> tuple[str, tuple[str, str]]:
             word = rng.choice(WORDS)
-            return word, word
+            ask = rng.choice(ASKS).format(word=word)
+            return ask, (ask, word)
 
         return [
             Task(
                 id=task_id(self.name, split, index),
                 family=self.name,
-                prompt=[{"role": "user", "content": f"Write one short sentence about a {word}."}],
+                prompt=[{"role": "user", "content": ask}],
                 data={"word": word},
                 split=split,
             )
-            for index, word in enumerate(sample_instances(self.name, n, seed, split, draw))
+            for index, (ask, word) in enumerate(sample_instances(self.name, n, seed, split, draw))
         ]
 
     def tools(self) -> ToolRegistry:
