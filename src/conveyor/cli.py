@@ -160,13 +160,14 @@ def eval_command(
 ) -> None:
     """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
     from conveyor.app.evaluate import eval_main
+    from conveyor.dispatch.ray_cluster import ClusterError
     from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
 
     resolved = _load(config, set_)
     try:
         run_dir = eval_main(resolved)
-    except (ModelError, EngineError) as exc:
+    except (ModelError, EngineError, ClusterError) as exc:
         _fail(str(exc))
     summary = json.loads((run_dir / "summary.json").read_text())
     overall = summary["overall"]
@@ -194,8 +195,10 @@ def train_command(
 
     from conveyor.app.train import run_training
     from conveyor.config import ConfigError
+    from conveyor.dispatch.ray_cluster import ClusterError
     from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
+    from conveyor.trainer.ray_fsdp import TrainerWorkerError
     from conveyor.trainer.weight_sync import WeightSyncError
 
     resolved = _load(config, set_)
@@ -206,6 +209,8 @@ def train_command(
         ConfigError,
         EngineError,
         WeightSyncError,
+        ClusterError,
+        TrainerWorkerError,
         FileNotFoundError,
         FileExistsError,
     ) as exc:

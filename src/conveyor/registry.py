@@ -183,6 +183,7 @@ BACKENDS: Registry[BackendSpec] = Registry(
     "training backend",
     {
         "builtin": "conveyor.trainer.builtin",
+        "ray_fsdp": "conveyor.trainer.ray_fsdp",
         "tinker": "conveyor.bridges.tinker",
         "verl": "conveyor.bridges.verl",
         "skyrl": "conveyor.bridges.skyrl",

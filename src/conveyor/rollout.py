@@ -86,6 +86,12 @@ class AgentStages:
             starts=starts,
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a runtime actor on another node gets (`conveyor.dispatch.ray_executor`): the
+        families and settings that `init` and `reward` use. The engine client, the renderer and
+        the agent loops serve `run`, which stays in the driver beside the engine."""
+        return {**self.__dict__, "client": None, "_make_renderer": None, "_loops": {}}
+
     def family(self, name: str) -> TaskFamily:
         """The run's instance of family `name`, built once on first use if not handed in."""
         family = self._families.get(name)

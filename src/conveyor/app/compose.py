@@ -7,6 +7,7 @@ family is wired once: each is looked up by name in `conveyor.registry`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from conveyor.agent.chat_client import ChatClient
     from conveyor.config.sections import SideModelConfig
     from conveyor.dispatch.base import Dispatcher, EngineProbe
+    from conveyor.dispatch.ray_cluster import RayCluster
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
     from conveyor.runtime.starts import RuntimeStarts
@@ -32,7 +34,9 @@ class Composition:
     """Builds the parts of one run from its config; each part is built on first use.
 
     The model folder, tokenizer and engine are built once and shared by every stage set and
-    dispatcher made here; `close()` stops the engine.
+    dispatcher made here; `close()` stops the engine. With `cluster.address` set, the run is a
+    Ray driver (`start_cluster`): runtimes and, with `trainer.backend: ray_fsdp`, the trainer
+    are placed on the cluster, and `close()` ends the Ray session with all its actors.
     """
 
     def __init__(self, config: ConveyorConfig) -> None:
@@ -44,6 +48,7 @@ class Composition:
         self._chat: dict[str, ChatClient] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._starts: RuntimeStarts | None = None
+        self._cluster: RayCluster | None = None
         from conveyor.runtime.cpu_pools import configure_cpu_pools
 
         # CPU-stage work (workspace copies, grading, index builds) gets threads sized by the
@@ -166,18 +171,35 @@ class Composition:
             await engine.check_served()
         return engine
 
+    def start_cluster(self) -> RayCluster | None:
+        """Join the Ray cluster `cluster.address` names (or start a local one), checked to
+        offer what this run places there; None without `cluster.address`. Called first by
+        `train` and `eval`, so a wrong address fails before the engine starts."""
+        settings = self.config.cluster
+        if settings.address is None:
+            return None
+        if self._cluster is None:
+            from conveyor.dispatch.ray_cluster import connect
+
+            ray_trainer = self.config.trainer.backend == "ray_fsdp"
+            workers = settings.trainer_workers if ray_trainer else 0
+            self._cluster = connect(settings, trainer_workers=workers)
+        return self._cluster
+
     def stages(
         self, sampling: SamplingConfig | None = None, engine: SamplingClient | None = None
     ) -> RolloutStages:
         """The agent's init/run/reward stages on `engine` (default: the run's engine).
 
         With `agent.external_command` the agent is that program, run per rollout against an
-        in-process recording gateway (`conveyor.gateway.external`); `close()` stops it.
+        in-process recording gateway (`conveyor.gateway.external`); `close()` stops it. On a
+        cluster, init and reward run in a Ray actor per rollout on a sandbox node.
         """
         from conveyor.rollout import AgentStages
 
         client = engine if engine is not None else self.engine
         command = self.config.agent.external_command
+        stages: RolloutStages
         if command:
             from conveyor.gateway.external import ExternalAgentStages
 
@@ -191,15 +213,18 @@ class Composition:
                 starts=self.runtime_starts,
             )
             self._closers.append(external.close)
-            return external
-        return AgentStages.from_config(
-            self.config,
-            client,
-            self.tokenizer,
-            sampling,
-            families=self.families,
-            starts=self.runtime_starts,
-        )
+            stages = external
+        else:
+            stages = AgentStages.from_config(
+                self.config,
+                client,
+                self.tokenizer,
+                sampling,
+                families=self.families,
+                starts=self.runtime_starts,
+            )
+        cluster = self.start_cluster()
+        return stages if cluster is None else cluster.place(stages)
 
     def dispatcher(
         self,
@@ -241,21 +266,36 @@ class Composition:
 
     def trainer(self, model_dir: Path, settings: TrainerConfig | None = None) -> TrainingBackend:
         """The configured training backend on `model_dir` with `settings` (default: the
-        `trainer` section)."""
-        return self.backend_spec.build(self.config, model_dir, settings or self.config.trainer)
+        `trainer` section); one with workers of its own (`close()`) is stopped by `close()`."""
+        self.start_cluster()
+        backend = self.backend_spec.build(self.config, model_dir, settings or self.config.trainer)
+        stop = getattr(backend, "close", None)
+        if callable(stop):
+
+            async def close_backend() -> None:
+                if inspect.isawaitable(done := stop()):
+                    await done
+
+            self._closers.append(close_backend)
+        return backend
 
     async def close(self) -> None:
-        """Stop what the stages started (gateways, warm runtimes), then the engine, if one
-        was started."""
+        """Stop what the stages and trainers started (gateways, trainer workers, warm
+        runtimes), then the engine, if one was started, then the Ray session `start_cluster`
+        began."""
         try:
             for close in self._closers:
                 await close()
             self._closers.clear()
         finally:
-            if self._starts is not None:
-                await self._starts.close()
-            if self._engine is not None:
-                await self._engine.close()
+            try:
+                if self._starts is not None:
+                    await self._starts.close()
+                if self._engine is not None:
+                    await self._engine.close()
+            finally:
+                if self._cluster is not None:
+                    self._cluster.shutdown()
 
 
 def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:

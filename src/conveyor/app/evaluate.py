@@ -26,6 +26,8 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
 
     config = resolved.config
     parts = Composition(config)
+    # A Ray cluster that cannot host the runtimes says so first, before any file is loaded.
+    parts.start_cluster()
     model_dir = parts.model_dir
     tasks = parts.tasks()
     started = time.monotonic()

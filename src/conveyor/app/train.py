@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import random
 import shutil
@@ -123,7 +124,12 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
             f"warm start step {step + 1}/{train.sft_steps}: nll {result.logprob_diff_mean:.3f}, "
             f"{result.tokens_per_s:.0f} tok/s"
         )
-    return export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
+    exported = export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
+    stop = getattr(backend, "close", None)
+    # Trainer workers hold their nodes' trainer units, which the RL trainer needs next.
+    if callable(stop) and inspect.isawaitable(done := stop()):
+        await done
+    return exported
 
 
 async def run_training(
@@ -150,11 +156,12 @@ async def run_training(
             f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
-    if train.sft_steps and config.trainer.backend != "builtin":
+    if train.sft_steps and config.trainer.backend not in ("builtin", "ray_fsdp"):
         # The warm start hands RL an exported model folder; a service keeps its weights.
         raise ConfigError(
             f"rl.sft_steps={train.sft_steps} with trainer.backend {config.trainer.backend!r}: "
-            "the warm start exports a model folder, which only the builtin backend does; set "
+            "the warm start exports a model folder, which only the builtin and ray_fsdp "
+            "backends do; set "
             "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
             "at its sft_model/"
         )
@@ -168,6 +175,8 @@ async def run_training(
                 f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
                 "(`conveyor backends` lists what can)"
             )
+        # A cluster that cannot host the run says so before the engine takes its minute.
+        parts.start_cluster()
         client = parts.engine
         refusal = spec.refusal(config, client) if training else None
         if refusal is not None:

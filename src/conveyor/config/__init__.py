@@ -7,6 +7,7 @@ Names of pluggable parts are checked against `conveyor.registry`.
 """
 
 from conveyor.config.base import ConfigError
+from conveyor.config.cluster import ClusterConfig
 from conveyor.config.loader import ResolvedConfig, config_to_yaml, format_config, load_config
 from conveyor.config.schema import ConveyorConfig
 from conveyor.config.sections import (
@@ -24,6 +25,7 @@ from conveyor.config.training import LoraConfig, LossConfig, RLConfig, TrainerCo
 
 __all__ = [
     "AgentConfig",
+    "ClusterConfig",
     "ConfigError",
     "ConveyorConfig",
     "DispatchConfig",

@@ -7,6 +7,7 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from conveyor.config.base import Section
+from conveyor.config.cluster import ClusterConfig
 from conveyor.config.sections import (
     AUTO,
     AgentConfig,
@@ -36,6 +37,10 @@ class ConveyorConfig(Section):
         default_factory=RuntimeConfig, description="Where each rollout's tools act."
     )
     run: RunConfig = Field(default_factory=RunConfig, description="Run outputs.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig,
+        description="Placement on a Ray cluster (none by default: everything in this process).",
+    )
     rl: RLConfig = Field(default_factory=RLConfig, description="The RL loop.")
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="The built-in PyTorch trainer."
@@ -70,6 +75,7 @@ class ConveyorConfig(Section):
             *_pool_problems(self.dispatch),
             *_budget_problems(self),
             *_runtime_problems(self),
+            *_cluster_problems(self),
         ]
         if problems:
             raise ValueError(
@@ -134,6 +140,31 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
                 f"runtime.kind ({kind!r}) cannot host the '{name}' family's rollouts; it "
                 f"supports {', '.join(supported)} (runtime.kind 'auto' picks {supported[0]!r})"
             )
+    return problems
+
+
+def _cluster_problems(config: "ConveyorConfig") -> list[str]:
+    """The trainer's placement and the cluster section must agree (docs/scale.md)."""
+    cluster, backend = config.cluster, config.trainer.backend
+    problems = []
+    if backend == "ray_fsdp" and cluster.address is None:
+        problems.append(
+            "trainer.backend 'ray_fsdp' runs the trainer as Ray actors, but cluster.address is "
+            "null (no Ray): set cluster.address to 'local' (a Ray on this machine) or to the "
+            "cluster's address"
+        )
+    if cluster.trainer_workers > 1 and backend != "ray_fsdp":
+        problems.append(
+            f"cluster.trainer_workers ({cluster.trainer_workers}) needs trainer.backend "
+            f"'ray_fsdp' (trainer.backend {backend!r} trains in this process)"
+        )
+    if cluster.address is not None and config.dispatch.executor != "asyncio":
+        problems.append(
+            f"dispatch.executor {config.dispatch.executor!r} with cluster.address set: the "
+            "cluster section already places every runtime in a Ray actor on a node with "
+            f"'{cluster.sandbox_resource}'; leave dispatch.executor at 'asyncio' (where the "
+            "agent loop itself runs)"
+        )
     return problems
 
 

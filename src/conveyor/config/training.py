@@ -80,7 +80,8 @@ class TrainerConfig(Section):
 
     backend: BackendName = Field(
         default="builtin",
-        description="The training backend: 'builtin' (this PyTorch trainer), 'tinker' (the "
+        description="The training backend: 'builtin' (this PyTorch trainer), 'ray_fsdp' (it "
+        "as cluster.trainer_workers Ray actors, FSDP2; needs cluster.address), 'tinker' (the "
         "Tinker service; pairs with engine.kind 'tinker'), 'verl' or 'skyrl' (their trainers "
         "drive our rollouts), or one registered by a plugin. `conveyor backends` says which "
         "are usable here. The settings below are the built-in trainer's; Tinker takes lr, "

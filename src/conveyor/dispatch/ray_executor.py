@@ -19,7 +19,7 @@ from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.types import Task, Trajectory
 
 
-def _import_ray() -> Any:
+def import_ray() -> Any:
     try:
         import ray
     except ImportError as error:
@@ -33,6 +33,8 @@ class RuntimeHost:
     """The body of one runtime actor: holds the runtime the inner init stage started."""
 
     def __init__(self, stages: RolloutStages) -> None:
+        # `stages` as pickled: `conveyor.rollout.AgentStages` leaves its engine client and agent
+        # loops behind (they serve the run stage, which stays in the driver).
         self._stages = stages
         self._runtime: Runtime | None = None
 
@@ -130,14 +132,16 @@ class RayStages:
     """`RolloutStages` that host each rollout's runtime in a Ray actor (see module docstring)."""
 
     def __init__(self, inner: RolloutStages, actor_options: dict[str, Any]) -> None:
-        self._ray = _import_ray()
+        self._ray = import_ray()
         self._inner = inner
+        # Serialised once into the object store, not once per rollout's actor.
+        self._shipped = self._ray.put(inner)
         self._host = self._ray.remote(RuntimeHost)
         self._options = actor_options
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
         """Create the actor where resources allow and start the runtime inside it."""
-        actor = self._host.options(**self._options).remote(self._inner)
+        actor = self._host.options(**self._options).remote(self._shipped)
         try:
             await _call(self._ray, actor.init.remote(task, sample_index, attempt))
         except BaseException:
@@ -202,7 +206,7 @@ class RayExecutor:
 
     def place(self, stages: RolloutStages) -> RolloutStages:
         """Stages whose runtimes live in Ray actors."""
-        ray = _import_ray()
+        ray = import_ray()
         if not ray.is_initialized():
             if self.address is None:
                 # Ray counts CPUs and GPUs itself and refuses them as custom resources.
