@@ -529,16 +529,17 @@ def native_bf16(device: torch.device) -> bool:
 def _autocast_dtype(settings: TrainerConfig, device: torch.device) -> torch.dtype | None:
     if settings.dtype == "float32":
         return None
+    native = native_bf16(device)
     if settings.dtype == "auto":
-        return torch.bfloat16 if native_bf16(device) else None
-    if device.type == "cpu" and not native_bf16(device):
+        return torch.bfloat16 if native else None
+    if device.type == "cuda" and not native:
+        raise ValueError(f"dtype bfloat16 requested but {device} does not support bf16")
+    if device.type == "cpu" and not native:
         warnings.warn(
             "trainer.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: bf16 autocast is "
             "emulated there and about 15x slower than float32; trainer.dtype auto picks float32",
             stacklevel=2,
         )
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"dtype bfloat16 requested but {device} does not support bf16")
     if not torch.amp.autocast_mode.is_autocast_available(device.type):
         raise ValueError(f"dtype bfloat16 requested but autocast is unavailable on {device}")
     return torch.bfloat16
