@@ -298,6 +298,29 @@ def sft_command(
     train_command(config, [*(set_ or []), "rl.steps=0"], None)
 
 
+report_app = typer.Typer(help="Reports over finished runs.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
+
+
+@report_app.command("arms")
+def report_arms(
+    arms: Annotated[
+        list[str],
+        typer.Argument(help="NAME=DIR[,DIR...]: an arm and its seeds' training run folders."),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """RL's own share per arm (after RL minus after the warm start, same held-out instances):
+    per seed with its paired test, per arm the mean over seeds with a 95% interval."""
+    from conveyor.app.arms import arms_report, arms_table, parse_arm
+
+    try:
+        report = arms_report(dict(parse_arm(arm) for arm in arms))
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(report, indent=2) if as_json else arms_table(report))
+
+
 @app.command("view")
 def view_command(
     run_dir: Annotated[Path, typer.Argument(help="A run folder of `conveyor eval` or `train`.")],

@@ -168,6 +168,7 @@ FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
     {
         "arithmetic": "conveyor.tasks.arithmetic",
         "filenav": "conveyor.tasks.filenav",
+        "filing": "conveyor.tasks.filing",
         "swe": "conveyor.swe.family",
         "search": "conveyor.tasks.search",
         "memory": "conveyor.tasks.memory",

@@ -117,3 +117,32 @@ def test_missing_reward_is_an_error_not_zero() -> None:
     unscored = Trajectory(task_id="t", reward=None, status=Status.INFRA_ERROR)
     with pytest.raises(ValueError, match="no reward"):
         group_rewards([TrajectoryGroup(task_id="t", trajectories=[trajectory(1.0), unscored])])
+
+
+def test_shuffled_rewards_permute_the_steps_rewards_and_nothing_else() -> None:
+    from conveyor.trainer.advantages import shuffled_rewards
+    from conveyor.types import Status, Trajectory, TrajectoryGroup
+
+    def traj(task: str, i: int, reward: float | None) -> Trajectory:
+        status = Status.OK if reward is not None else Status.INFRA_ERROR
+        return Trajectory(task_id=task, sample_index=i, reward=reward, status=status)
+
+    groups = [
+        TrajectoryGroup(
+            task_id=f"t{g}", trajectories=[traj(f"t{g}", i, float(g == i)) for i in range(4)]
+        )
+        for g in range(4)
+    ] + [TrajectoryGroup(task_id="t9", trajectories=[traj("t9", 0, None), traj("t9", 1, 0.5)])]
+    flat = lambda gs: [t.reward for g in gs for t in g.trajectories]  # noqa: E731
+    first = shuffled_rewards(groups, seed=0, step=1)
+    assert sorted(r for r in flat(first) if r is not None) == sorted(
+        r for r in flat(groups) if r is not None
+    )
+    assert flat(first)[16] is None  # no reward stays none: infra errors are not scored
+    assert flat(first) != flat(groups)
+    assert flat(shuffled_rewards(groups, seed=0, step=1)) == flat(first)  # seeded
+    assert flat(shuffled_rewards(groups, seed=0, step=2)) != flat(first)  # a new draw per step
+    assert [(t.task_id, t.sample_index, t.status) for g in first for t in g.trajectories] == [
+        (t.task_id, t.sample_index, t.status) for g in groups for t in g.trajectories
+    ]
+    assert flat(groups)[:4] == [1.0, 0.0, 0.0, 0.0]  # the input is left as it was

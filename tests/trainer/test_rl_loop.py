@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_llama import LowHalfStages, save_tiny_llama
+from tiny_llama import VOCAB, LowHalfStages, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
 from conveyor.engines.hf_local import HFEngine
@@ -51,6 +51,7 @@ def make_loop(
     mode: str = "sync",
     checkpoint_every: int = 0,
     tensorboard: bool = False,
+    reward_control: str = "none",
 ) -> tuple[RLLoop, TorchTrainingEngine, HFEngine]:
     config = ConveyorConfig(
         rl=RLConfig(
@@ -60,6 +61,7 @@ def make_loop(
             checkpoint_every=checkpoint_every,
             keep_checkpoints=10,
             tensorboard=tensorboard,
+            reward_control=reward_control,  # type: ignore[arg-type]
         ),
         tasks=TasksConfig(group_size=8),
         trainer=TrainerConfig(lr=lr, device="cpu", micro_batch_tokens=512),
@@ -88,6 +90,28 @@ def test_reward_rises_and_an_lr_zero_control_does_not(tiny: Path, tmp_path: Path
     assert abs(sum(flat[-3:]) / 3 - sum(flat[:3]) / 3) < 0.15, flat
     lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 15))
+
+
+def test_a_shuffled_reward_control_learns_nothing_and_records_the_true_rewards(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """The random-reward arm: the same loop, learning rate and steps as the learning run of the
+    test above, with the step's rewards permuted before advantages; its reward stays level."""
+    control, _, _ = make_loop(tiny, tmp_path / "s", steps=14, lr=3e-2, reward_control="shuffle")
+    (tmp_path / "s").mkdir()
+    flat = rewards(asyncio.run(control.run()))
+    assert abs(sum(flat[-3:]) / 3 - sum(flat[:3]) / 3) < 0.15, flat
+    # It did update (the control is of the signal, not of the update) ...
+    metrics = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert all("train/loss" in m for m in metrics)
+    # ... and rollouts.jsonl keeps what each rollout earned, the metric's mean included.
+    records = [json.loads(x) for x in (tmp_path / "s" / "rollouts.jsonl").read_text().splitlines()]
+    first = [r for r in records if r["step"] == 1]
+    for record in first:
+        (turn,) = record["turns"]
+        low = sum(1 for i in turn["completion_ids"] if i < VOCAB // 2)
+        assert record["reward"] == pytest.approx(low / len(turn["completion_ids"]))
+    assert sum(r["reward"] for r in first) / len(first) == pytest.approx(flat[0])
 
 
 def test_resume_after_a_kill_equals_the_uninterrupted_run(tiny: Path, tmp_path: Path) -> None:

@@ -244,17 +244,13 @@ class Composition:
 
     def tasks(self, n: int | None = None, split: str | None = None) -> list[Task]:
         """`n` instances (default `tasks.num_tasks`) of every configured family from `split`
-        (default `tasks.split`)."""
+        (default `tasks.split`); eval-split instances from `tasks.eval_seed` when it is set."""
         spec = self.config.tasks
+        split = spec.split if split is None else split
+        seed = spec.eval_seed if split == "eval" and spec.eval_seed is not None else spec.task_seed
         out: list[Task] = []
         for family in self.families.values():
-            out.extend(
-                family.make_tasks(
-                    spec.num_tasks if n is None else n,
-                    spec.task_seed,
-                    spec.split if split is None else split,
-                )
-            )
+            out.extend(family.make_tasks(spec.num_tasks if n is None else n, seed, split))
         return out
 
     @property

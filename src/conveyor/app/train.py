@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.app.compose import Composition, make_run_dir
-from conveyor.app.reports import eval_report
+from conveyor.app.reports import eval_report, paired_comparison
 from conveyor.config import ConfigError, ResolvedConfig, SamplingConfig, config_to_yaml
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.loop import StepRecord
-from conveyor.types import Status, Task, Trajectory
+from conveyor.types import Status, Task, TrainingSample, Trajectory
 
 Say = Callable[[str], None]
 
@@ -79,31 +79,54 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
-    """Supervised fine-tuning on oracle traces; returns the exported `sft_model` folder."""
-    from conveyor.trainer.backend import TrainBatch
-    from conveyor.trainer.jsonl import append_records
+async def warm_start_samples(parts: Composition) -> tuple[list[TrainingSample], str]:
+    """The warm start's training samples, shuffled, and a line saying what they came from."""
+    from conveyor.tasks.family import Demonstrating
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
 
-    config, model_dir, tokenizer = parts.config, parts.model_dir, parts.tokenizer
-    train = config.rl
-    tasks = parts.tasks(train.sft_tasks, "train")
+    config, tokenizer = parts.config, parts.tokenizer
+    tasks = parts.tasks(config.rl.sft_tasks, "train")
+    # A family with demonstrations (the format, not the plan) is imitated through them, solved
+    # or not; every other family through its oracle, whose traces must solve their task.
+    demonstrated = {
+        task.id for task in tasks if isinstance(parts.families[task.family], Demonstrating)
+    }
+    calls = {
+        task.id: parts.families[task.family].demonstration_calls(task)  # type: ignore[attr-defined]
+        if task.id in demonstrated
+        else parts.families[task.family].oracle_calls(task)
+        for task in tasks
+    }
     oracle = OracleEngine(
-        {task.id: parts.families[task.family].oracle_calls(task) for task in tasks},
+        calls,
         lambda text: tokenizer.encode(text, add_special_tokens=False),
         tokenizer.eos_token_id,
         config.model.tool_format,
     )
     traces = await oracle_rollouts(parts.stages(engine=oracle), tasks)
-    good = [t for t in traces if t.status is Status.OK and t.solved]
+    good = [t for t in traces if t.status is Status.OK and (t.solved or t.task_id in demonstrated)]
     samples = [s for t in good for s in t.samples()]
     # One seeded shuffle: consecutive batches mix families and instances (traces come in
     # family order, and a run of one family's batches at a warm-start learning rate drifts).
     random.Random(config.trainer.seed).shuffle(samples)
-    say(
-        f"warm start: {len(good)}/{len(traces)} oracle traces solve their task; "
+    solved = sum(t.solved for t in good)
+    shown = f", {len(demonstrated)} of them demonstrations" if demonstrated else ""
+    return samples, (
+        f"warm start: {len(good)}/{len(traces)} traces kept ({solved} solve their task{shown}); "
         f"{len(samples)} samples, {sum(len(s.input_ids) for s in samples)} tokens"
     )
+
+
+async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
+    """Supervised fine-tuning on oracle traces (or a family's demonstrations); returns the
+    exported `sft_model` folder."""
+    from conveyor.trainer.backend import TrainBatch
+    from conveyor.trainer.jsonl import append_records
+
+    config, model_dir = parts.config, parts.model_dir
+    train = config.rl
+    samples, said = await warm_start_samples(parts)
+    say(said)
     settings = config.trainer.model_copy(
         update={"lr": train.sft_lr, "loss": config.trainer.loss.model_copy(update={"tis": False})}
     )
@@ -199,6 +222,7 @@ async def run_training(
         await parts.close()
         raise
     timings: dict[str, float] = {"engine_start_s": time.monotonic() - started}
+    share: dict[str, Any] | None = None  # RL's own share, when a warm start was evaluated
     eval_sampling = SamplingConfig(
         temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed
     )
@@ -271,6 +295,18 @@ async def run_training(
             )
             _write(run_dir / "eval_after.json", report)
             say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+            if (run_dir / "eval_after_sft.json").is_file() and records:
+                # RL's own share: the same held-out instances after the warm start and after RL.
+                share = paired_comparison(
+                    json.loads((run_dir / "eval_after_sft.json").read_text()), report
+                )
+                low, high = share["ci95"]
+                say(
+                    f"RL's own share: {100 * share['delta']:+.1f} points "
+                    f"[{100 * low:+.1f}, {100 * high:+.1f}] (95%, paired, n={share['n']}); "
+                    f"{share['gained']} instances gained, {share['lost']} lost, "
+                    f"McNemar p={share['mcnemar_p']:.3g}"
+                )
         if train.export_final:
             try:
                 export_model(backend.export_weights(), start_dir, run_dir / "final_model")
@@ -281,6 +317,8 @@ async def run_training(
     plot_metrics(run_dir)
     timings["wall_s"] = time.monotonic() - started
     summary: dict[str, Any] = {"timings": timings, "steps": len(records)}
+    if share is not None:
+        summary["rl_share"] = share
     # sandbox starts: how many, how long the start limits held them, warm pool hits
     summary["runtime_starts"] = parts.runtime_starts.report()
     if isinstance(client, RequestCounters):

@@ -305,6 +305,11 @@ class TasksConfig(Section):
         "of pass@k).",
     )
     task_seed: int = Field(default=0, description="Seed that generates the task instances.")
+    eval_seed: int | None = Field(
+        default=None,
+        description="Seed that generates the eval-split (held-out) instances; null: task_seed. "
+        "Splits never overlap whatever the seeds (a hash of each instance decides its split).",
+    )
     split: Literal["train", "eval"] = Field(
         default="eval", description="Which split of each family to generate."
     )

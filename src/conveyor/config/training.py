@@ -165,6 +165,13 @@ class RLConfig(Section):
     filter_zero_variance_groups: bool = Field(
         default=False, description="Drop groups whose rewards are all equal (always counted)."
     )
+    reward_control: Literal["none", "shuffle"] = Field(
+        default="none",
+        description="A control arm: 'shuffle' permutes the rewards among the step's scored "
+        "rollouts (seeded by trainer.seed and the step) before statuses and advantages, so the "
+        "update sees random rewards through the same code path; rollouts.jsonl and the "
+        "metrics keep the true rewards. Pair with trainer.lr=0 for the other control.",
+    )
     eval_tasks: int = Field(
         default=0, ge=0, description="Held-out instances per family, evaluated before and after."
     )

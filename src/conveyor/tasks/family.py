@@ -16,6 +16,8 @@ Optional parts a family may have, each found by `isinstance` against its protoco
 - `PerTaskTools.tools_for`: the tools differ between instances (BFCL's classes);
 - `Grading.grade`: a `Grade` with a breakdown and records (a judge's prompt and verdict) instead
   of a bare `score`, reading the whole trajectory;
+- `Demonstrating.demonstration_calls`: what a warm start imitates instead of the oracle
+  (traces that teach the tool format but leave the plan to RL; they need not solve the task);
 - class attributes `source` (where the instances come from) and `version` (of that source, so a
   result can name its data), listed by `conveyor tasks families`;
 - a constructor taking `services` (`FamilyServices`): its `tasks.options` entry and clients for
@@ -97,6 +99,16 @@ class Conversational(Protocol):
     async def user_turn(self, task: Task, runtime: Runtime | None, reply: str) -> str | None:
         """The user's next message after the agent's text reply `reply`; None ends the
         conversation (the rollout is then `ok`, and graded)."""
+        ...
+
+
+@runtime_checkable
+class Demonstrating(Protocol):
+    """A family whose warm start imitates demonstrations rather than its oracle."""
+
+    def demonstration_calls(self, task: Task) -> list[ToolCall]:
+        """The tool calls a warm start imitates for `task`, ending with `finish`; they follow
+        the tool format and may submit a wrong answer (the plan is left to RL)."""
         ...
 
 

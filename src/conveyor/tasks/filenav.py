@@ -29,7 +29,7 @@ from conveyor.types import Task, ToolCall
 ROOT = SimulatedRuntime.root
 
 # group folder -> (the word the question uses, folder names)
-_GROUPS: dict[str, tuple[str, list[str]]] = {
+GROUPS: dict[str, tuple[str, list[str]]] = {
     "projects": ("project", ["alpha", "beta", "gamma", "delta", "orion", "nova", "atlas"]),
     "teams": ("team", ["red", "blue", "green", "gold", "silver"]),
     "clients": ("client", ["acme", "globex", "initech", "umbra", "vertex"]),
@@ -43,7 +43,7 @@ _DOCS: dict[str, list[str]] = {
     "budget": ["budget.csv", "costs.csv"],
 }
 _FACT_DOCS = ["notes", "readme", "log"]
-_FILLER = [
+FILLER = [
     "The weekly sync moved to Thursday.",
     "Back up the drafts before Friday.",
     "The printer upstairs is fixed.",
@@ -72,7 +72,7 @@ def _person(rng: random.Random) -> str:
 
 
 @dataclass(frozen=True)
-class _FactKind:
+class FactKind:
     """A kind of fact: how a file states it, how the question asks for it, its keys and values."""
 
     statement: str
@@ -81,26 +81,26 @@ class _FactKind:
     value: Callable[[random.Random], str]
 
 
-_FACTS = [
-    _FactKind(
+FACT_KINDS = [
+    FactKind(
         "The access code for vault {key} is {value}.",
         "What is the access code for vault {key}?",
         list("ABCDEFGH"),
         _code,
     ),
-    _FactKind(
+    FactKind(
         "The {key} server runs on port {value}.",
         "Which port does the {key} server run on?",
         ["mail", "web", "backup", "build", "chat", "files"],
         _code,
     ),
-    _FactKind(
+    FactKind(
         "The wifi password in the {key} room is {value}.",
         "What is the wifi password in the {key} room?",
         ["north", "south", "east", "west", "lab", "lobby"],
         _password,
     ),
-    _FactKind(
+    FactKind(
         "The contact for the {key} review is {value}.",
         "Who is the contact for the {key} review?",
         ["budget", "safety", "design", "security", "hiring"],
@@ -125,7 +125,7 @@ def _filler_file(kind: str, title: str, rng: random.Random, fact: str | None) ->
     if kind == "budget":
         rows = [f"{item},{rng.randint(5, 95)}" for item in rng.sample(_BUDGET_ITEMS, 3)]
         return "item,cost\n" + "\n".join(rows) + "\n"
-    lines = rng.sample(_FILLER, 2)
+    lines = rng.sample(FILLER, 2)
     if fact is not None:
         lines.insert(rng.randint(0, len(lines)), fact)
     heading = {"notes": "Notes", "readme": "About", "log": "Log"}[kind]
@@ -133,9 +133,9 @@ def _filler_file(kind: str, title: str, rng: random.Random, fact: str | None) ->
 
 
 def _draw_puzzle(rng: random.Random) -> _Puzzle:
-    pairs = [(group, name) for group, (_, names) in _GROUPS.items() for name in names]
+    pairs = [(group, name) for group, (_, names) in GROUPS.items() for name in names]
     folders = rng.sample(pairs, rng.randint(4, 6))
-    kind = rng.choice(_FACTS)
+    kind = rng.choice(FACT_KINDS)
     # One key per fact-bearing slot; the first key and value belong to the target.
     keys = rng.sample(kind.keys, min(len(kind.keys), 4))
     values: list[str] = []
@@ -169,12 +169,12 @@ def _draw_puzzle(rng: random.Random) -> _Puzzle:
     contents = {}
     for path, doc in files.items():
         group, name = path.split("/")[2:4]
-        title = f"{_GROUPS[group][0]} {name}"
+        title = f"{GROUPS[group][0]} {name}"
         contents[path] = _filler_file(doc, title, rng, facts.get(path))
     groups = sorted({group for group, _ in folders})
     contents[f"{ROOT}/README.md"] = "Shared workspace. Folders: " + ", ".join(groups) + ".\n"
 
-    word = _GROUPS[target_folder[0]][0]
+    word = GROUPS[target_folder[0]][0]
     where = f"It is in the {target_doc} of {word} {target_folder[1]}."
     question = f"{kind.question.format(key=keys[0])} {where}"
     distractors = [values[1 + i] for i in range(len(distractor_paths))]
@@ -240,6 +240,22 @@ def _has_token(text: str, token: str) -> bool:
     return re.search(rf"(?<![a-z0-9]){re.escape(token)}(?![a-z0-9])", text) is not None
 
 
+def score_fact(answer: str | None, expected: str, distractors: list[str]) -> float:
+    """1.0 if `answer` is the fact `expected`, or holds it as a whole token and none of
+    `distractors` (naming every value in the tree must not pass for knowing which one is asked
+    for); else 0.0."""
+    if answer is None:
+        return 0.0
+    text = _normalise(answer)
+    wanted = _normalise(expected)
+    if text.strip(" .'\"") == wanted:
+        return 1.0
+    if not _has_token(text, wanted):
+        return 0.0
+    guessed = any(_has_token(text, _normalise(other)) for other in distractors)
+    return 0.0 if guessed else 1.0
+
+
 @register_family
 class FileNavFamily:
     """Find a fact in a generated tree; tools: `list_dir`, `read_file` and `finish`.
@@ -288,17 +304,7 @@ class FileNavFamily:
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         """1.0 if `answer` is the fact, or holds it as a whole token and no distractor."""
-        if answer is None:
-            return 0.0
-        text = _normalise(answer)
-        expected = _normalise(task.data["answer"])
-        if text.strip(" .'\"") == expected:
-            return 1.0
-        if not _has_token(text, expected):
-            return 0.0
-        # Naming every value in the tree must not pass for knowing which one is asked for.
-        guessed = any(_has_token(text, _normalise(other)) for other in task.data["distractors"])
-        return 0.0 if guessed else 1.0
+        return score_fact(answer, task.data["answer"], task.data["distractors"])
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:
         """List the target's folder, read the target, submit the fact."""

@@ -12,6 +12,7 @@ builds it. The math is in `docs/algorithms.md`.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar
@@ -169,3 +170,32 @@ def assign_to_samples(
             if flag:
                 out.extend((sample, advantage) for sample in trajectory.samples())
     return out
+
+
+def shuffled_rewards(
+    groups: Sequence[TrajectoryGroup], seed: int, step: int
+) -> list[TrajectoryGroup]:
+    """The random-reward control: `groups` with the rewards of their scored trajectories
+    permuted among all of them (one permutation per `(seed, step)`), everything else as it
+    was. The count of each reward value is kept, so the batch's mean reward is too; which
+    rollout earned it is not. Trajectories without a reward keep none."""
+    scored = [
+        (g, t)
+        for g, group in enumerate(groups)
+        for t, x in enumerate(group.trajectories)
+        if x.reward is not None
+    ]
+    rewards = [groups[g].trajectories[t].reward for g, t in scored]
+    random.Random(f"shuffled-rewards/{seed}/{step}").shuffle(rewards)
+    new = {place: reward for place, reward in zip(scored, rewards, strict=True)}
+    return [
+        group.model_copy(
+            update={
+                "trajectories": [
+                    x.model_copy(update={"reward": new[(g, t)]}) if (g, t) in new else x
+                    for t, x in enumerate(group.trajectories)
+                ]
+            }
+        )
+        for g, group in enumerate(groups)
+    ]

@@ -34,7 +34,12 @@ from conveyor.config import ConveyorConfig
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.factory import make_dispatcher
 from conveyor.dispatch.stages import RolloutStages
-from conveyor.trainer.advantages import assign_to_samples, get_advantage, group_rewards
+from conveyor.trainer.advantages import (
+    assign_to_samples,
+    get_advantage,
+    group_rewards,
+    shuffled_rewards,
+)
 from conveyor.trainer.backend import StepResult, TrainBatch, TrainingBackend
 from conveyor.trainer.faults import kill_point
 from conveyor.trainer.filtering import StatusPolicy, select
@@ -237,8 +242,10 @@ class RLLoop:
 
     async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """One optimizer step on `groups` (skipped, and said so, when nothing is trainable)."""
-        batch, metrics = self.build_batch(groups)
         step = self.step + 1
+        if self.rl.reward_control == "shuffle":
+            groups = shuffled_rewards(groups, self.config.trainer.seed, step)
+        batch, metrics = self.build_batch(groups)
         if batch.items:
             result: StepResult = await asyncio.to_thread(self.backend.step, batch)
             kill_point("train_step", step)

@@ -1,0 +1,158 @@
+"""Filing, the RL-headroom family: an unstated filing rule, demonstrations that teach the format
+but not the rule, an oracle that follows it, and a scorer a guessing policy cannot game."""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import re
+from collections import Counter
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from conveyor.agent.tools import ToolContext
+from conveyor.app.compose import Composition
+from conveyor.app.train import warm_start_samples
+from conveyor.config import load_config
+from conveyor.tasks.filenav import FACT_KINDS
+from conveyor.tasks.filing import DOC_NAMES, RULE, FilingFamily
+from conveyor.types import Task, ToolCall
+
+T = TypeVar("T")
+FAMILY = FilingFamily()
+TASKS = FAMILY.make_tasks(300, 0, "train")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def play(task: Task, calls: list[ToolCall]) -> float:
+    """Run the calls through the family's real tools and runtime; the score of the `finish`."""
+    registry = FAMILY.tools()
+    runtime = await FAMILY.make_runtime(task)
+    ctx = ToolContext(task=task, runtime=runtime)
+    answer = None
+    for call in calls:
+        if call.name == "finish":
+            answer = call.arguments["answer"]
+            break
+        outcome = await registry.execute(call, ctx, timeout_s=5.0, max_output_chars=4000)
+        assert not outcome.is_error, outcome
+    return await FAMILY.score(task, answer, runtime)
+
+
+def kind_asked(task: Task) -> int:
+    question = task.prompt[-1]["content"]
+    (index,) = [
+        i for i, kind in enumerate(FACT_KINDS[:3]) if kind.question.split("{key}")[0] in question
+    ]
+    return index
+
+
+def test_every_folder_files_each_kind_of_fact_by_the_rule_the_prompt_never_states() -> None:
+    for task in TASKS[:50]:
+        files: dict[str, str] = task.data["files"]
+        for path, text in files.items():
+            name = posixpath.basename(path)
+            for index, doc in RULE.items():
+                statement = re.escape(FACT_KINDS[index].statement)
+                pattern = statement.replace(r"\{key\}", r"\S+").replace(r"\{value\}", r"\S+")
+                facts = [line for line in text.splitlines() if re.fullmatch(f"- {pattern}", line)]
+                if name in DOC_NAMES[doc] and path.count("/") == 4:
+                    assert len(facts) == 1, (path, text)
+                else:
+                    assert facts == [], (path, text)
+        # the target is the rule's document in the named folder, and it states the answer
+        target = task.data["target"]
+        assert posixpath.basename(target) in DOC_NAMES[RULE[kind_asked(task)]]
+        assert task.data["answer"] in files[target]
+        assert target in task.data["documents"] and len(task.data["documents"]) == 3
+        for path, value in task.data["documents"].items():
+            assert value in files[path]
+        # the question names the folder, never the document or the rule
+        question = task.prompt[-1]["content"]
+        assert not re.search(r"notes|log|readme|about", question, re.IGNORECASE), question
+        system = task.prompt[0]["content"]
+        assert "notes" not in system.lower() and "log" not in system.lower().replace("logy", "")
+
+
+def test_the_oracle_solves_and_demonstrations_are_right_by_chance_only() -> None:
+    assert all(run(play(t, FAMILY.oracle_calls(t))) == 1.0 for t in TASKS[:20])
+    scores = [run(play(t, FAMILY.demonstration_calls(t))) for t in TASKS]
+    # a demonstration reads one of the folder's three fact documents and submits its fact
+    read = Counter(
+        list(t.data["documents"]).index(FAMILY.demonstration_calls(t)[1].arguments["path"])
+        for t in TASKS
+    )
+    assert set(read) == {0, 1, 2} and min(read.values()) > 70
+    assert 0.25 < sum(scores) / len(scores) < 0.42
+    # and never carries the rule: which document it reads is independent of the kind asked
+    per_kind = Counter(
+        (kind_asked(t), FAMILY.demonstration_calls(t)[1].arguments["path"] == t.data["target"])
+        for t in TASKS
+    )
+    for index in RULE:
+        right, wrong = per_kind[(index, True)], per_kind[(index, False)]
+        assert 0.15 < right / (right + wrong) < 0.5, (index, right, wrong)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    ["every value in the folder", "the value of another document", "the answer and a neighbour"],
+)
+def test_guessing_attacks_earn_nothing(attack: str) -> None:
+    """A policy that wants the reward without finding the rule: it reads every document of the
+    folder and submits all their values, or the wrong one, or hedges with two."""
+    for task in TASKS[:30]:
+        values = list(task.data["documents"].values())
+        others = [v for v in values if v != task.data["answer"]]
+        answer = {
+            "every value in the folder": " ".join(values),
+            "the value of another document": others[0],
+            "the answer and a neighbour": f"{task.data['answer']} or {others[1]}",
+        }[attack]
+        calls = [
+            *FAMILY.oracle_calls(task)[:2],
+            ToolCall(name="finish", arguments={"answer": answer}),
+        ]
+        assert run(play(task, calls)) == 0.0, (attack, answer)
+
+
+def test_held_out_instances_come_from_their_own_seed_and_never_from_training(
+    tmp_path: Path,
+) -> None:
+    config = load_config(
+        REPO / "configs" / "rl-headroom.yaml", [f"run.dir={tmp_path}", "tasks.num_tasks=64"]
+    ).config
+    parts = Composition(config)
+    held_out = parts.tasks(40, "eval")
+    train = parts.tasks(512, "train")
+    same_seed = FAMILY.make_tasks(40, config.tasks.task_seed, "eval")
+    assert config.tasks.eval_seed == 1 != config.tasks.task_seed
+    assert [t.data for t in held_out] == [t.data for t in FAMILY.make_tasks(40, 1, "eval")]
+    assert [t.data for t in held_out] != [t.data for t in same_seed]
+    trained = {t.prompt[-1]["content"] + str(sorted(t.data["files"].items())) for t in train}
+    assert not any(
+        t.prompt[-1]["content"] + str(sorted(t.data["files"].items())) in trained for t in held_out
+    )
+
+
+def test_the_warm_start_imitates_demonstrations_solved_or_not_and_only_solved_oracle_traces(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Through the real tokenizer, renderer and agent loop: filing's demonstrations are all
+    kept (most do not solve their task); filenav's oracle traces are kept because they solve."""
+    sets = [f"run.dir={tmp_path}", f"model.path={model_dir}", "rl.sft_tasks=12"]
+    filing = Composition(load_config(REPO / "configs" / "rl-headroom.yaml", sets).config)
+    samples, said = run(warm_start_samples(filing))
+    kept, solved = map(int, re.search(r"(\d+)/12 traces kept \((\d+) solve", said).groups())
+    assert kept == 12 and 0 < solved < 12 and "12 of them demonstrations" in said, said
+    assert len(samples) == 12  # one sample per trace: its turns share one prefix
+    filenav = Composition(load_config(REPO / "configs" / "quickstart.yaml", sets).config)
+    _, said = run(warm_start_samples(filenav))
+    assert "12/12 traces kept (12 solve their task)" in said and "demonstrations" not in said
