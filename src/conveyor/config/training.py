@@ -133,10 +133,14 @@ class RLConfig(Section):
     )
     mode: Literal["sync", "async"] = Field(
         default="sync",
-        description="async: generation for step k+1 overlaps the update of step k.",
+        description="async: generation runs up to max_staleness steps ahead of training "
+        "(1: step k+1's rollouts overlap step k's update).",
     )
     max_staleness: int = Field(
-        default=1, ge=0, description="Samples older than this many policy versions are dropped."
+        default=1,
+        ge=0,
+        description="Samples older than this many policy versions are dropped; in async mode "
+        "also how many steps generation may run ahead of training.",
     )
     advantage: AdvantageName = Field(
         default="grpo",

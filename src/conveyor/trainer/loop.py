@@ -6,10 +6,11 @@
 
 Modes:
 - `sync`: each step's rollouts are generated with the current weights, then the update runs.
-- `async`: the rollouts of step k+1 are generated while step k trains; the engine takes the new
-  weights between its own steps, so a trajectory may mix two policy versions. Staleness of a
-  trajectory = the policy version being trained minus the oldest version among its turns; samples
-  staler than `rl.max_staleness` are dropped and counted, never trained.
+- `async`: generation runs up to `rl.max_staleness` steps ahead of training (1: the rollouts of
+  step k+1 are generated while step k trains; 2: those of k+2 may start while k trains); the
+  engine takes the new weights between its own steps, so a trajectory may mix policy versions.
+  Staleness of a trajectory = the policy version being trained minus the oldest version among
+  its turns; samples staler than `rl.max_staleness` are dropped and counted, never trained.
 
 Every step appends one line to `metrics.jsonl` and its trajectories (with a `step` field) to
 `rollouts.jsonl`; `progress.jsonl` records each step's tasks when its rollouts start.
@@ -264,25 +265,33 @@ class RLLoop:
 
         tracker = Tracker(self.run_dir, tensorboard=self.rl.tensorboard, wandb=self.rl.wandb)
         records: list[StepRecord] = []
-        pending: asyncio.Task[Collected] | None = None
-        pending_after = 0
+        # Generation runs ahead of training by up to `ahead` steps (0 in sync mode), one step's
+        # collection after another: the collection of step j starts once step j-1's has ended
+        # and update j-1-ahead is done, so its oldest turn is at most `ahead` versions stale.
+        ahead = self.rl.max_staleness if self.rl.mode == "async" else 0
+        ready: asyncio.Queue[tuple[Collected, int]] = asyncio.Queue()
+        trained = asyncio.Condition()
+        first = self.step + 1
+
+        async def produce() -> None:
+            for j in range(first, self.rl.steps + 1):
+                async with trained:
+                    await trained.wait_for(lambda j=j: self.step >= j - 1 - ahead)
+                tasks = self.stream.take(self.rl.tasks_per_step)
+                after = self.stream.cursor
+                await ready.put((await self.collect(tasks, j), after))
+
+        producer = asyncio.create_task(produce())
         try:
             while self.step < self.rl.steps:
                 started = time.monotonic()
                 step = self.step + 1
-                if pending is None:
-                    tasks = self.stream.take(self.rl.tasks_per_step)
-                    after = self.stream.cursor
-                    collected = await self.collect(tasks, step)
-                else:
-                    collected = await pending
-                    after = pending_after
-                    pending = None
-                if self.rl.mode == "async" and step < self.rl.steps:
-                    # Generation of the next step overlaps this update.
-                    next_tasks = self.stream.take(self.rl.tasks_per_step)
-                    pending_after = self.stream.cursor
-                    pending = asyncio.create_task(self.collect(next_tasks, step + 1))
+                got = asyncio.create_task(ready.get())
+                await asyncio.wait({got, producer}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():  # the producer failed (its error is raised here)
+                    got.cancel()
+                    await producer
+                collected, after = got.result()
                 groups = collected.groups
                 self._record_rollouts(step, collected)
                 metrics = self.rollout_metrics(groups)
@@ -293,7 +302,9 @@ class RLLoop:
                 self.resume_metrics = {}
                 self.step = step
                 metrics["time/step_s"] = time.monotonic() - started
-                metrics["data/cursor"] = float(self.stream.cursor)
+                async with trained:
+                    trained.notify_all()
+                metrics["data/cursor"] = float(after)  # past this step's tasks
                 record = StepRecord(step=self.step, metrics=metrics)
                 records.append(record)
                 tracker.log(self.step, metrics)
@@ -312,9 +323,8 @@ class RLLoop:
                     )
         finally:
             tracker.close()
-            if pending is not None:
-                pending.cancel()
-                await asyncio.gather(pending, return_exceptions=True)
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
         return records
 
     def restore(self, extra: dict[str, Any]) -> None:
