@@ -156,3 +156,52 @@ def test_the_warm_start_imitates_demonstrations_solved_or_not_and_only_solved_or
     filenav = Composition(load_config(REPO / "configs" / "quickstart.yaml", sets).config)
     _, said = run(warm_start_samples(filenav))
     assert "12/12 traces kept (12 solve their task)" in said and "demonstrations" not in said
+
+
+def test_an_evaluation_may_stop_once_its_interval_is_narrow_over_a_prefix_in_task_order(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """`rl.eval_stop_halfwidth`: through the real dispatcher, renderer and tools, with a
+    scripted policy (the oracle on even instances, a wrong document on odd ones: pass rate 1/2);
+    the report covers the first instances in task order, never the quickest ones."""
+    from conveyor.app.reports import wilson_interval
+    from conveyor.app.train import evaluate
+    from conveyor.trainer.sft import OracleEngine
+
+    sets = [f"run.dir={tmp_path}", f"model.path={model_dir}"]
+    config = load_config(REPO / "configs" / "rl-headroom.yaml", sets).config
+    tasks = FAMILY.make_tasks(120, 1, "eval")
+
+    def policy(index: int, task: Task) -> list[ToolCall]:
+        if index % 2 == 0:
+            return FAMILY.oracle_calls(task)
+        wrong = next(p for p in task.data["documents"] if p != task.data["target"])
+        return [
+            ToolCall(name="list_dir", arguments={"path": posixpath.dirname(wrong)}),
+            ToolCall(name="read_file", arguments={"path": wrong}),
+            ToolCall(name="finish", arguments={"answer": task.data["documents"][wrong]}),
+        ]
+
+    def report(**rl: Any) -> dict[str, Any]:
+        parts = Composition(config.model_copy(update={"rl": config.rl.model_copy(update=rl)}))
+        tokenizer = parts.tokenizer
+        engine = OracleEngine(
+            {t.id: policy(i, t) for i, t in enumerate(tasks)},
+            lambda text: tokenizer.encode(text, add_special_tokens=False),
+            tokenizer.eos_token_id,
+            config.model.tool_format,
+        )
+        try:
+            return run(evaluate(parts, parts.stages(engine=engine), tasks))
+        finally:
+            run(parts.close())
+
+    whole = report()
+    assert whole["n"] == 120 and whole["pass_rate"] == 0.5 and "stopped_early" not in whole
+    early = report(eval_stop_halfwidth=0.12, eval_min_tasks=20)
+    n = early["n"]
+    assert 20 <= n < 120 and early["stopped_early"]["evaluated"] == n
+    assert sorted(early["outcomes"]) == sorted(t.id for t in tasks[:n])
+    assert early["outcomes"] == {t.id: int(i % 2 == 0) for i, t in enumerate(tasks[:n])}
+    low, high = wilson_interval(sum(early["outcomes"].values()), n)
+    assert (high - low) / 2 <= 0.12

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.app.compose import Composition, make_run_dir
-from conveyor.app.reports import eval_report, paired_comparison
+from conveyor.app.reports import eval_report, paired_comparison, wilson_interval
 from conveyor.config import ConfigError, ResolvedConfig, SamplingConfig, config_to_yaml
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.loop import StepRecord
@@ -39,19 +39,50 @@ async def evaluate(
 ) -> dict[str, Any]:
     """One rollout per task through the dispatcher; the report of `eval_report`.
 
-    With `trajectories_file`, every rollout is also written there (JSONL) for inspection.
+    With `trajectories_file`, every rollout is also written there (JSONL) for inspection. With
+    `rl.eval_stop_halfwidth` set, the evaluation stops once the instances finished in task order
+    (a prefix of `tasks`, so the sample does not favour quick rollouts) number at least
+    `rl.eval_min_tasks` and their pass rate's 95% Wilson interval is at most that half-width
+    wide; the report then covers that prefix and says so under `stopped_early`.
     """
     start = time.monotonic()
     dispatcher = parts.dispatcher(stages)
+    target = parts.config.rl.eval_stop_halfwidth
+    least = max(1, parts.config.rl.eval_min_tasks)
+    order = {task.id: i for i, task in enumerate(tasks)}
+    finished: list[Trajectory | None] = [None] * len(tasks)
+    prefix = 0
+    stopped = False
     trajectories: list[Trajectory] = []
     # Streamed, so the records a run got before it stopped (engine down) stay on disk.
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(trajectories_file.open("w")) if trajectories_file else None
-        async for trajectory in dispatcher.rollouts(tasks, 1):
-            trajectories.append(trajectory)
-            if sink is not None:
-                sink.write(f"{trajectory.to_json()}\n")
-    report = eval_report(trajectories, tasks)
+        async with contextlib.aclosing(dispatcher.rollouts(tasks, 1)) as stream:
+            async for trajectory in stream:
+                trajectories.append(trajectory)
+                if sink is not None:
+                    sink.write(f"{trajectory.to_json()}\n")
+                finished[order[trajectory.task_id]] = trajectory
+                while prefix < len(tasks) and finished[prefix] is not None:
+                    prefix += 1
+                if target > 0 and least <= prefix < len(tasks):
+                    done = [t for t in finished[:prefix] if t is not None]
+                    scored = [t for t in done if t.status is not Status.INFRA_ERROR]
+                    low, high = wilson_interval(sum(t.solved for t in scored), len(scored))
+                    if scored and (high - low) / 2 <= target:
+                        stopped = True
+                        break
+    if stopped:
+        kept = [t for t in finished[:prefix] if t is not None]
+        report = eval_report(kept, tasks[:prefix])
+        report["stopped_early"] = {
+            "evaluated": prefix,
+            "of": len(tasks),
+            "halfwidth_target": target,
+            "unfinished_rollouts_cancelled": len(tasks) - len(trajectories),
+        }
+    else:
+        report = eval_report(trajectories, tasks)
     report["seconds"] = time.monotonic() - start
     return report
 

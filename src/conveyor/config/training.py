@@ -180,6 +180,17 @@ class RLConfig(Section):
         default=0, ge=0, description="Held-out instances per family, evaluated before and after."
     )
     eval_every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
+    eval_stop_halfwidth: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="Stop a held-out evaluation early once the 95% Wilson interval of the "
+        "instances finished in task order is at most this half-width (e.g. 0.05); 0: evaluate "
+        "every instance. Paired comparisons then use the instances both evaluations scored.",
+    )
+    eval_min_tasks: int = Field(
+        default=50, ge=1, description="eval_stop_halfwidth: never stop before this many."
+    )
     eval_temperature: float = Field(
         default=0.0, ge=0, description="Sampling temperature of evaluations (0 = greedy)."
     )
