@@ -259,10 +259,16 @@ async def run_training(
     )
     eval_stages = parts.stages(eval_sampling)
     eval_tasks = parts.tasks(train.eval_tasks, "eval") if train.eval_tasks else []
+    # The base model's evaluation may be shorter: its first instances (a larger n extends a
+    # smaller one), or none.
+    before = train.eval_tasks if train.eval_before_tasks is None else train.eval_before_tasks
+    before_tasks = (
+        parts.tasks(min(before, train.eval_tasks), "eval") if before and eval_tasks else []
+    )
     try:
-        if eval_tasks and not (run_dir / "eval_before.json").is_file():
+        if before_tasks and not (run_dir / "eval_before.json").is_file():
             report = await evaluate(
-                parts, eval_stages, eval_tasks, run_dir / "eval_before.trajectories.jsonl"
+                parts, eval_stages, before_tasks, run_dir / "eval_before.trajectories.jsonl"
             )
             _write(run_dir / "eval_before.json", report)
             say(f"before: pass rate {report['pass_rate']:.3f} (n={report['n']})")

@@ -179,6 +179,12 @@ class RLConfig(Section):
     eval_tasks: int = Field(
         default=0, ge=0, description="Held-out instances per family, evaluated before and after."
     )
+    eval_before_tasks: int | None = Field(
+        default=None,
+        ge=0,
+        description="Held-out instances per family for the base model's evaluation (the first "
+        "of the eval_tasks); null: all eval_tasks; 0: none.",
+    )
     eval_every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
     eval_stop_halfwidth: float = Field(
         default=0.0,
