@@ -302,6 +302,11 @@ class SimEngine:
         self._computed[request.session] = max(computed, size)
         self._served_by[request.session] = replica
 
+    def end_session(self, session: str) -> None:
+        """Forget a finished session's bookkeeping (memory stays flat over a long run)."""
+        self._computed.pop(session, None)
+        self._served_by.pop(session, None)
+
     def book_computed(self, session: str, tokens: int) -> None:
         """The session has computed `tokens` of context (a request finished or was preempted)."""
         self._computed[session] = max(self._computed.get(session, 0), tokens)

@@ -160,17 +160,20 @@ class SimEnvironment:
         session = f"{task.id}/{sample_index}/{attempt}"
         context = self.workload.prompt_tokens
         last = len(plan.turns) - 1
-        for index, turn in enumerate(plan.turns):
-            if index == 0 and head is not None:
-                context = head.context
-            else:
-                await engine.generate(session, context, turn.completion_tokens)
-                context += turn.completion_tokens
-            if index == last and not plan.truncated:
-                break  # the last turn calls `finish`
-            command = "hang" if turn.tool_hangs else f"sleep {turn.tool_s:.6f}"
-            await runtime.exec(command, timeout_s=1e9)
-            context += turn.observation_tokens
+        try:
+            for index, turn in enumerate(plan.turns):
+                if index == 0 and head is not None:
+                    context = head.context
+                else:
+                    await engine.generate(session, context, turn.completion_tokens)
+                    context += turn.completion_tokens
+                if index == last and not plan.truncated:
+                    break  # the last turn calls `finish`
+                command = "hang" if turn.tool_hangs else f"sleep {turn.tool_s:.6f}"
+                await runtime.exec(command, timeout_s=1e9)
+                context += turn.observation_tokens
+        finally:
+            engine.end_session(session)  # a retry is a new attempt, so a new session
         return Trajectory(
             task_id=task.id,
             sample_index=sample_index,
