@@ -22,5 +22,8 @@ wait "$MYPY_PID" || mypy_status=$?
 cat "$MYPY_LOG"
 rm -f "$MYPY_LOG"
 [ "$mypy_status" -eq 0 ] || { echo "mypy failed (exit $mypy_status)" >&2; exit "$mypy_status"; }
-# pytest exits 5 when it collected no test: that fails this script too.
-.venv/bin/python -m pytest -q --durations=30 "$@"
+# Two workers (pytest-xdist): most tests hold one core (OMP_NUM_THREADS=1, a one-thread vLLM
+# engine, a subprocess that waits), so two at once roughly halve the wall time on two cores.
+# Each file stays on one worker and the Ray files share one (tests/conftest.py). Serial:
+# scripts/test.sh -n 0. pytest exits 5 when it collected no test: that fails this script too.
+.venv/bin/python -m pytest -q --durations=30 -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -26,3 +26,15 @@ def tokenizer(model_dir: Path) -> Any:
     from conveyor.engines.factory import load_tokenizer
 
     return load_tokenizer(model_dir)
+
+
+# Parallel runs (`pytest -n 2`, what scripts/test.sh does): each file stays on one worker, so a
+# module's fixtures (a vLLM server, an engine) start once; the files that start Ray clusters
+# share one group, so two clusters never run at once on one machine.
+RAY_FILES = {"test_cluster.py", "test_compose.py", "test_dispatch_ray.py", "test_ray_fsdp.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else str(item.path)))

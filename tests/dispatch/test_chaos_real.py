@@ -341,7 +341,10 @@ def test_chaos_200_rollouts_engine_killed_and_restarted(
     assert all(t.counters["infra_retries"] >= 1 for t in by_fault["host_full"])
     assert facts["peak_live_runtimes"] <= 64
     _assert_nothing_left(chaos_family)
-    assert wall < 900  # no hang (generous: two engine start-ups on two busy cores)
+    # No hang: every stage has its timeout (the longest, a run stage's, is 900 s), so a run
+    # that got past them all ends within about one of them; generous for two engine start-ups
+    # on two cores shared with another test (measured 500-650 s alone).
+    assert wall < 1500
 
 
 def test_chaos_engine_killed_for_good_stops_the_run_with_one_message(
