@@ -275,8 +275,13 @@ class RLLoop:
 
         async def produce() -> None:
             for j in range(first, self.rl.steps + 1):
+                ready_from = j - 1 - ahead  # the updates done before step j may generate
+
+                def may_start(done: int = ready_from) -> bool:
+                    return self.step >= done
+
                 async with trained:
-                    await trained.wait_for(lambda j=j: self.step >= j - 1 - ahead)
+                    await trained.wait_for(may_start)
                 tasks = self.stream.take(self.rl.tasks_per_step)
                 after = self.stream.cursor
                 await ready.put((await self.collect(tasks, j), after))
