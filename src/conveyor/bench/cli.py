@@ -157,6 +157,36 @@ def _emit(
     print(json.dumps(report, default=str))
 
 
+@bench_app.command("rl-async")
+def rl_async(
+    steps: Annotated[int, typer.Option(min=2, help="simulated RL steps")] = 8,
+    tasks: Annotated[int, typer.Option(min=1, help="task instances per step")] = 64,
+    mfu: Annotated[float, typer.Option(min=0.01, max=1.0, help="trainer MFU")] = 0.4,
+    json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
+    out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
+) -> None:
+    """Sync against async (staleness 1 and 2) RL with separate engine and trainer devices,
+    simulated: swe-sim generation, a stated trainer model (conveyor.bench.rl_async)."""
+    from conveyor.bench.rl_async import TrainerModel, run_rl_async
+    from conveyor.sim.swe import SweSimWorkload
+
+    report = run_rl_async(steps, SweSimWorkload(tasks=tasks), TrainerModel(mfu=mfu))
+    _emit(report, out, None if json_out else _rl_async_table)
+
+
+def _rl_async_table(report: dict[str, Any]) -> None:
+    print(
+        f"{report['steps']} steps of {report['rollouts_per_step']} rollouts: generation "
+        f"{report['generation_s']['mean']:.0f}s, update {report['update_s']['mean']:.0f}s "
+        "per step (means)"
+    )
+    for name, m in report["modes"].items():
+        print(
+            f"{name:<20} {m['step_s']:7.1f}s/step  x{m['speedup_over_sync']:.2f} over sync  "
+            f"training overlapped {100 * m['train_overlapped_fraction']:.0f}%"
+        )
+
+
 @bench_app.command("dispatch-scale")
 def dispatch_scale(
     trajectories: Annotated[int, typer.Option(min=8, help="simulated rollouts")] = 10_000,
