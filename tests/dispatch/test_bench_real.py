@@ -107,9 +107,9 @@ def test_real_workload_reports_every_strategy(model_dir: Path) -> None:
             "real",
             "--json",
             "--strategies",
-            "batch,bounded_batch,pipeline",
+            "bounded_batch,pipeline",  # the fast test above rotates three strategies
             "--repeats",
-            "3",
+            "2",
             "--set",
             "tasks.num_tasks=2",
             "--set",
@@ -130,12 +130,12 @@ def test_real_workload_reports_every_strategy(model_dir: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["trajectories"] == 8
-    assert set(report["strategies"]) == {"batch", "bounded_batch", "pipeline"}
+    assert set(report["strategies"]) == {"bounded_batch", "pipeline"}
     for numbers in report["strategies"].values():
-        assert numbers["makespan_s"]["min"] > 0 and numbers["runs"] == 3
+        assert numbers["makespan_s"]["min"] > 0 and numbers["runs"] == 2
         assert 0 < numbers["first_group_fraction"]["max"] <= 1
         assert 0 <= numbers["engine_utilisation"]["max"] <= 1
-        assert sum(numbers["statuses"].values()) == 3 * 8  # every rollout, each with its status
+        assert sum(numbers["statuses"].values()) == 2 * 8  # every rollout, each with its status
         assert 0 <= numbers["mean_reward"] <= 1
     assert report["ratios"]["pipeline_over_bounded_batch"]["min"] > 0
     # every run started with vLLM's prefix cache really emptied, not only the code indexes

@@ -201,3 +201,24 @@ def _plain_sync(backend: Any, engine: Any) -> Any:
         return 0.0
 
     return sync
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_failed_collection_stops_the_loop_with_its_error(
+    tiny: Path, tmp_path: Path, mode: str
+) -> None:
+    """Generation runs in its own task: its failure (an engine down for good) still ends the
+    run with that error, after the steps before it, in either mode."""
+    loop, _, _ = make_loop(tiny, tmp_path, steps=4, lr=1e-2, mode=mode)
+    original = loop.collect
+
+    async def collect(tasks: Any, step: int) -> Any:
+        if step == 3:
+            raise RuntimeError("engine down for good")
+        return await original(tasks, step)
+
+    loop.collect = collect  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="engine down for good"):
+        asyncio.run(loop.run())
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

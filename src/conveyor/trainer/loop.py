@@ -293,10 +293,11 @@ class RLLoop:
                 step = self.step + 1
                 got = asyncio.create_task(ready.get())
                 await asyncio.wait({got, producer}, return_when=asyncio.FIRST_COMPLETED)
-                if not got.done():  # the producer failed (its error is raised here)
+                if not got.done() and producer.done() and producer.exception() is not None:
                     got.cancel()
-                    await producer
-                collected, after = got.result()
+                    await producer  # the producer failed: its error is raised here
+                # a producer that finished left every remaining step in the queue
+                collected, after = await got
                 groups = collected.groups
                 self._record_rollouts(step, collected)
                 metrics = self.rollout_metrics(groups)
