@@ -34,6 +34,7 @@ def tokenizer(model_dir: Path) -> Any:
 RAY_FILES = {"test_cluster.py", "test_compose.py", "test_dispatch_ray.py", "test_ray_fsdp.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         name = item.path.name
