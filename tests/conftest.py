@@ -28,14 +28,27 @@ def tokenizer(model_dir: Path) -> Any:
     return load_tokenizer(model_dir)
 
 
-# Parallel runs (`pytest -n 2`, what scripts/test.sh does): each file stays on one worker, so a
-# module's fixtures (a vLLM server, an engine) start once; the files that start Ray clusters
-# share one group, so two clusters never run at once on one machine.
+# Parallel runs (`pytest -n 2 --dist loadgroup`, what scripts/test.sh does): each file stays on
+# one worker, so a module's fixtures (a vLLM server, an engine) start once; the files that start
+# Ray clusters share one group, so two clusters never run at once on one machine. A scheduler of
+# our own: with pytest 9, xdist 3.8's `xdist_group` marks no longer reach its loadgroup
+# scheduler (it renames `item._nodeid`, which pytest 9's `nodeid` no longer reads).
 RAY_FILES = {"test_cluster.py", "test_compose.py", "test_dispatch_ray.py", "test_ray_fsdp.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_FILES else str(item.path)))
+def test_group(nodeid: str) -> str:
+    """The worker group of a test: its file, or "ray" for the files that start Ray."""
+    path = nodeid.split("::", 1)[0]
+    return "ray" if Path(path).name in RAY_FILES else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None  # xdist's own schedulers for every other --dist
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    return FileGroups(config, log)
