@@ -22,21 +22,15 @@ import posixpath
 import random
 from dataclasses import dataclass
 
-from conveyor.agent.parsing import format_tool_call
-from conveyor.agent.tools import ToolRegistry, finish
-from conveyor.config import RuntimeConfig
-from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks.family import register_family, sample_instances, task_id
 from conveyor.tasks.filenav import (
     FACT_KINDS,
     FILLER,
     GROUPS,
+    SYSTEM_PROMPT,
     FactKind,
-    list_dir,
-    read_file,
-    score_fact,
+    FileNavFamily,
 )
 from conveyor.types import Task, ToolCall
 
@@ -128,28 +122,9 @@ def _draw_puzzle(rng: random.Random) -> _Puzzle:
     )
 
 
-def _system_prompt() -> str:
-    example = format_tool_call(
-        ToolCall(name="list_dir", arguments={"path": f"{ROOT}/projects/alpha"}), "hermes"
-    )
-    done = format_tool_call(ToolCall(name="finish", arguments={"answer": "4821"}), "hermes")
-    return (
-        f"You find facts in files under {ROOT}. Project alpha is the folder "
-        f"{ROOT}/projects/alpha, team red is {ROOT}/teams/red, client acme is "
-        f"{ROOT}/clients/acme. Use list_dir to see a folder's files and read_file to read one. "
-        "Make one call per message and wait for the result. Call a tool exactly like this:\n"
-        f"{example}\n"
-        "When you know the fact, submit only the fact:\n"
-        f"{done}"
-    )
-
-
-SYSTEM_PROMPT = _system_prompt()
-
-
 @register_family
-class FilingFamily:
-    """Find a fact filed by an unstated rule; tools: `list_dir`, `read_file` and `finish`.
+class FilingFamily(FileNavFamily):
+    """Find a fact filed by an unstated rule; filenav's tools, runtime, scorer and oracle.
 
     `Task.data`: `files`, `target` (the document the rule files the fact in), `answer`,
     `distractors` (every other fact value in the tree) and `documents` (the target folder's
@@ -157,11 +132,6 @@ class FilingFamily:
     """
 
     name = "filing"
-    runtimes: tuple[str, ...] = ("simulated",)
-
-    def __init__(self, runtime: RuntimeConfig | None = None) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct trees and questions of `split`, deterministic in (n, seed, split)."""
@@ -189,29 +159,6 @@ class FilingFamily:
                 split=split,
             )
             for index, puzzle in enumerate(puzzles)
-        ]
-
-    def tools(self) -> ToolRegistry:
-        """`list_dir`, `read_file` and `finish`."""
-        return ToolRegistry([list_dir, read_file, finish])
-
-    async def make_runtime(self, task: Task) -> Runtime:
-        """A started runtime holding the task's tree."""
-        request = RuntimeRequest(files=task.data["files"])
-        return await start_runtime(self.runtime_kind, request, self.runtime)
-
-    async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
-        """1.0 if `answer` is the fact, or holds it as a whole token and no other value of the
-        tree (naming every value must not pass for knowing which one is asked for)."""
-        return score_fact(answer, task.data["answer"], task.data["distractors"])
-
-    def oracle_calls(self, task: Task) -> list[ToolCall]:
-        """List the folder, read the document the rule files the fact in, submit the fact."""
-        target = task.data["target"]
-        return [
-            ToolCall(name="list_dir", arguments={"path": posixpath.dirname(target)}),
-            ToolCall(name="read_file", arguments={"path": target}),
-            ToolCall(name="finish", arguments={"answer": task.data["answer"]}),
         ]
 
     def demonstration_calls(self, task: Task) -> list[ToolCall]:
