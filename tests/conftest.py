@@ -51,4 +51,74 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return test_group(nodeid)
 
+        def remove_node(self, node: Any) -> str | None:
+            # xdist's own puts a crashed worker's file back whole, the test that crashed it
+            # included, so a test that kills its worker (out of memory, say) ran up to eight
+            # times. Here it is reported once, as a failure, and the rest of its file goes on.
+            workload = self.assigned_work.pop(node)
+            pending = [
+                (unit, nodeid)
+                for unit in workload.values()
+                for nodeid, completed in unit.items()
+                if not completed
+            ]
+            if not pending:
+                return None
+            unit, crashed = pending[0]
+            unit[crashed] = True
+            left = {scope: u for scope, u in workload.items() if not all(u.values())}
+            self.workqueue.update(left)
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return str(crashed)
+
     return FileGroups(config, log)
+
+
+def _machine_state() -> str:
+    """Free disk under the test temp folder and available memory: what a failure ran beside."""
+    import shutil
+    import tempfile
+
+    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+    available = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = f"{int(line.split()[1]) / 2**20:.1f}"
+    except OSError:
+        pass
+    return f"disk free {free_gb:.1f} GiB, memory available {available} GiB"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Name each failure (and each test over two minutes) the moment it ends.
+
+    CI keeps only the tail of a run's output: a run stopped by its time limit never reaches
+    pytest's summary, so without these lines its failures have no names.
+    """
+    if _CONFIG is None or hasattr(_CONFIG, "workerinput"):
+        return  # xdist workers report to the controller, which prints
+    reporter = _CONFIG.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    worker = getattr(report, "node", None)
+    where = f" [{worker.gateway.id}]" if worker is not None else ""
+    if report.failed:
+        reporter.write("\n")
+        reporter.write_line(
+            f"FAILED {report.nodeid} ({report.when}, {report.duration:.0f} s){where}; "
+            f"{_machine_state()}"
+        )
+    elif report.when == "call" and report.duration > 120:
+        reporter.write("\n")
+        reporter.write_line(f"slow {report.nodeid} {report.duration:.0f} s{where}")
+
+
+_CONFIG: pytest.Config | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _CONFIG
+    _CONFIG = config
