@@ -21,7 +21,7 @@ from conveyor.dispatch.factory import make_dispatcher
 from conveyor.dispatch.telemetry import Telemetry
 from conveyor.runtime.selection import started
 from conveyor.runtime.simulated import SimulatedRuntime
-from conveyor.runtime.starts import RuntimeStarts, peak_in_window
+from conveyor.runtime.starts import RECENT_STARTS, RuntimeStarts, StartCounters
 from conveyor.tasks.executor import executor_available
 from conveyor.types import Task, ToolCall, Trajectory
 
@@ -181,8 +181,27 @@ def test_every_start_in_a_run_waits_for_the_bucket_and_the_bound() -> None:
     assert counters.starts == 30 and len(counters.start_times) == 30
     _bucket_holds(counters.start_times, 40.0, 5)
     assert peak == 3 and counters.slot_waits > 0 and counters.rate_waits > 0
+    assert starts.report()["peak_starts_1s"] == _peak_in_window(list(counters.start_times), 1.0)
     assert starts.report()["peak_starts_1s"] <= 5 + 40
-    assert peak_in_window([0.0, 0.5, 1.0, 1.6, 1.7], 1.0) == 3
+
+
+def _peak_in_window(times: list[float], window_s: float) -> int:
+    """The most of `times` within `window_s` of each other: the reference, by brute force."""
+    return max((sum(0 <= u - t <= window_s for u in times) for t in times), default=0)
+
+
+def test_the_one_second_peak_counts_every_start_while_only_recent_times_are_kept() -> None:
+    counters = StartCounters()
+    burst = [100.0, 100.5, 101.0]  # three within one second (inclusive)
+    for t in [0.0, 0.5, 1.6, 1.7, *burst]:
+        counters.record_start(t)
+    assert counters.peak_starts_1s == 3
+    # a long run: spaced starts push the burst out of the kept times, not out of the peak
+    for i in range(RECENT_STARTS + 5):
+        counters.record_start(200.0 + 2.0 * i)
+    assert len(counters.start_times) == RECENT_STARTS
+    assert counters.start_times[0] > burst[-1]
+    assert counters.peak_starts_1s == 3
 
 
 @pytest.mark.slow

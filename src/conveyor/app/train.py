@@ -51,7 +51,7 @@ async def evaluate(
     least = max(1, parts.config.rl.eval_min_tasks)
     order = {task.id: i for i, task in enumerate(tasks)}
     finished: list[Trajectory | None] = [None] * len(tasks)
-    prefix = 0
+    prefix = solved = scored = 0  # the finished prefix, its solved and scored rollouts
     stopped = False
     trajectories: list[Trajectory] = []
     # Streamed, so the records a run got before it stopped (engine down) stay on disk.
@@ -63,13 +63,14 @@ async def evaluate(
                 if sink is not None:
                     sink.write(f"{trajectory.to_json()}\n")
                 finished[order[trajectory.task_id]] = trajectory
-                while prefix < len(tasks) and finished[prefix] is not None:
+                while prefix < len(tasks) and (done := finished[prefix]) is not None:
                     prefix += 1
-                if target > 0 and least <= prefix < len(tasks):
-                    done = [t for t in finished[:prefix] if t is not None]
-                    scored = [t for t in done if t.status is not Status.INFRA_ERROR]
-                    low, high = wilson_interval(sum(t.solved for t in scored), len(scored))
-                    if scored and (high - low) / 2 <= target:
+                    if done.status is not Status.INFRA_ERROR:
+                        scored += 1
+                        solved += int(done.solved)
+                if target > 0 and least <= prefix < len(tasks) and scored:
+                    low, high = wilson_interval(solved, scored)
+                    if (high - low) / 2 <= target:
                         stopped = True
                         break
     if stopped:

@@ -18,7 +18,7 @@ async with that staleness bound); update j starts when generation j and update j
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from conveyor.dispatch import DispatchSettings, make_dispatcher
@@ -46,15 +46,6 @@ class TrainerModel:
     def step_s(self, tokens: float) -> float:
         """Seconds of one update on `tokens` trained tokens, weight sync excluded."""
         return tokens * self.flops_per_token / (self.gpus * self.gpu_flops * self.mfu)
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "flops_per_token": self.flops_per_token,
-            "gpus": self.gpus,
-            "gpu_flops": self.gpu_flops,
-            "mfu": self.mfu,
-            "sync_s": self.sync_s,
-        }
 
 
 async def _generate_step(workload: SweSimWorkload, seed: int) -> tuple[float, float]:
@@ -129,7 +120,7 @@ def run_rl_async(
         "rollouts_per_step": workload.trajectories,
         "generation_s": {"mean": sum(gen) / steps, "min": min(gen), "max": max(gen)},
         "update_s": {"mean": sum(update) / steps, "min": min(update), "max": max(update)},
-        "trainer": trainer.as_dict(),
+        "trainer": asdict(trainer),
         "modes": modes,
         "note": "simulated: separate devices for engine and trainer (swe-sim + TrainerModel)",
     }

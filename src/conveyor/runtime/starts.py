@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from conveyor.config.sections import RuntimeConfig
 from conveyor.runtime.base import Runtime
 
 R = TypeVar("R", bound=Runtime)
+RECENT_STARTS = 10_000  # start times kept for inspection; the one-second peak counts them all
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,9 @@ class StartCounters:
     `slot_waits`: starts that waited for a place among `max_concurrent_starts`;
     `warm_hits` / `warm_misses`: requests a pool served / could not serve (started fresh);
     `warm_discarded`: pooled runtimes found dead when taken (closed, never handed out);
-    `start_times`: when each start was let through (`time.monotonic()`).
+    `start_times`: when the last `RECENT_STARTS` starts were let through (`time.monotonic()`;
+    bounded, so a week-long run's counters stay small); `peak_starts_1s`: the most starts let
+    through in any one second of the whole run, kept as they happen.
     """
 
     starts: int = 0
@@ -70,7 +74,18 @@ class StartCounters:
     warm_hits: int = 0
     warm_misses: int = 0
     warm_discarded: int = 0
-    start_times: list[float] = field(default_factory=list)
+    start_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STARTS))
+    peak_starts_1s: int = 0
+
+    def record_start(self, now: float) -> None:
+        """A start let through at `now` (monotonic, never earlier than the last)."""
+        self.start_times.append(now)
+        in_window = 0
+        for t in reversed(self.start_times):
+            if now - t > 1.0:
+                break
+            in_window += 1
+        self.peak_starts_1s = max(self.peak_starts_1s, in_window)
 
 
 class StartGate:
@@ -115,7 +130,7 @@ class StartGate:
             await slots.acquire()
         try:
             await self._take_token()
-            self.counters.start_times.append(time.monotonic())
+            self.counters.record_start(time.monotonic())
             yield
         finally:
             if slots is not None:
@@ -306,7 +321,7 @@ class RuntimeStarts:
             "warm_misses": c.warm_misses,
             "warm_discarded": c.warm_discarded,
             "warm_ready": self.warm_ready(),
-            "peak_starts_1s": peak_in_window(c.start_times, 1.0),
+            "peak_starts_1s": c.peak_starts_1s,
         }
 
     async def close(self) -> None:
@@ -316,17 +331,6 @@ class RuntimeStarts:
         self._pools.clear()
         for pool in pools:
             await pool.close()
-
-
-def peak_in_window(times: list[float], window_s: float) -> int:
-    """The most of `times` (sorted or not) that fall in any window of `window_s` seconds."""
-    ordered = sorted(times)
-    peak, first = 0, 0
-    for last, t in enumerate(ordered):
-        while t - ordered[first] > window_s:
-            first += 1
-        peak = max(peak, last - first + 1)
-    return peak
 
 
 async def start_gated(runtime: R, gate: StartGate | None) -> R:
