@@ -327,6 +327,43 @@ def test_lora_trains_only_adapters_and_exports_merged_weights(tiny: Path) -> Non
     assert changed == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+def test_train_last_layers_freezes_below_and_updates_the_top_as_full_training_would(
+    tiny: Path,
+) -> None:
+    batch = random_batch(n=3, seed=9)
+    full, top = (
+        engine(tiny, max_grad_norm=None),
+        engine(tiny, max_grad_norm=None, train_last_layers=1),
+    )
+    before = params(top)
+    full.step(batch)
+    top.step(batch)
+    trained = {n for n, p in top.model.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trained)
+    assert "model.norm.weight" in trained
+    after_full, after_top = params(full), params(top)
+    for name, value in after_top.items():
+        if name in trained:
+            # the same gradient as full training for the trained part: the same AdamW update
+            torch.testing.assert_close(value, after_full[name], atol=1e-6, rtol=0)
+            assert not torch.equal(value, before[name]), name
+        else:
+            assert torch.equal(value, before[name]), name
+    # no optimizer state for frozen weights
+    assert len(top.optimizer.state) == len(trained)
+
+
+def test_train_last_layers_puts_lora_adapters_on_those_blocks_only(tiny: Path) -> None:
+    e = engine(tiny, lora={"enabled": True, "r": 4, "alpha": 8}, train_last_layers=1)
+    adapted = {n for n, p in e.model.named_parameters() if p.requires_grad}
+    assert adapted and all(".layers.1." in n and ".lora_" in n for n in adapted)
+
+
+def test_train_last_layers_beyond_the_model_is_an_error(tiny: Path) -> None:
+    with pytest.raises(ValueError, match="train_last_layers=3 but the model has 2 decoder blocks"):
+        engine(tiny, train_last_layers=3)
+
+
 def test_gradient_checkpointing_and_bf16(tiny: Path) -> None:
     batch = random_batch(n=4, seed=8)
     plain, checkpointed = engine(tiny), engine(tiny, gradient_checkpointing=True)

@@ -114,6 +114,14 @@ class TrainerConfig(Section):
         "on an AVX2 CPU bf16 autocast is emulated and ran 15x slower than float32.",
     )
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for memory.")
+    train_last_layers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Train only the last N decoder blocks and the final norm; the embeddings "
+        "and the blocks below stay frozen, so backward stops at block N from the top (cheaper "
+        "steps, no optimizer state below). With lora.enabled, adapters go on those blocks only. "
+        "null: every weight (or every targeted module) trains.",
+    )
     fsdp: bool = Field(
         default=False,
         description="Shard the model with FSDP2 over the initialised torch.distributed group.",

@@ -153,7 +153,9 @@ class TorchTrainingEngine:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         if settings.lora.enabled:
-            model = _add_lora(model, settings.lora)
+            model = _add_lora(model, settings.lora, settings.train_last_layers)
+        elif settings.train_last_layers is not None:
+            _freeze_below(model, settings.train_last_layers)
         model.to(self.device)
         self.rank, self.world_size = world()
         if settings.fsdp:
@@ -545,16 +547,57 @@ def _autocast_dtype(settings: TrainerConfig, device: torch.device) -> torch.dtyp
     return torch.bfloat16
 
 
-def _add_lora(model: nn.Module, lora: LoraConfig) -> nn.Module:
+def _decoder_blocks(model: nn.Module, last: int) -> tuple[nn.Module, str, nn.ModuleList]:
+    """(decoder, the attribute naming its blocks, the blocks) of a HF causal LM; `last` checked."""
+    get_decoder: Any = getattr(model, "get_decoder", None)
+    decoder: Any = get_decoder() if callable(get_decoder) else None
+    blocks = [
+        (name, child)
+        for name, child in (decoder.named_children() if decoder is not None else [])
+        if isinstance(child, nn.ModuleList)
+    ]
+    if decoder is None or len(blocks) != 1:
+        raise ValueError(
+            "trainer.train_last_layers needs a decoder with one list of blocks "
+            f"(model.get_decoder().layers); {type(model).__name__} has none"
+        )
+    name, layers = blocks[0]
+    if last > len(layers):
+        raise ValueError(
+            f"trainer.train_last_layers={last} but the model has {len(layers)} decoder blocks"
+        )
+    return decoder, name, layers
+
+
+def _freeze_below(model: nn.Module, last: int) -> None:
+    """Only the last `last` blocks and the decoder's final norm keep `requires_grad`."""
+    decoder, blocks_name, layers = _decoder_blocks(model, last)
+    model.requires_grad_(False)
+    for block in list(layers)[-last:]:
+        block.requires_grad_(True)
+    for name, child in decoder.named_children():
+        if name != blocks_name and not isinstance(child, nn.Embedding):
+            child.requires_grad_(True)  # the final norm (rotary tables hold no parameters)
+
+
+def _add_lora(model: nn.Module, lora: LoraConfig, last: int | None = None) -> nn.Module:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    where: dict[str, Any] = {}
+    if last is not None:
+        _, blocks_name, layers = _decoder_blocks(model, last)
+        where = {
+            "layers_to_transform": list(range(len(layers) - last, len(layers))),
+            "layers_pattern": blocks_name,
+        }
     config = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft only divides by r
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
+        **where,
     )
     return get_peft_model(model, config)  # type: ignore[arg-type]
 
