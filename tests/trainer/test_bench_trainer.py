@@ -24,8 +24,7 @@ def test_synthetic_batch_is_seeded_and_padded() -> None:
     assert sum(m.padded_tokens for m in plan) > sum(lengths)  # the loops do see padding
 
 
-@pytest.mark.slow
-def test_quick_bench_prints_the_json_contract_last() -> None:
+def _bench_app() -> typer.Typer:
     app = typer.Typer()
 
     @app.callback()
@@ -33,7 +32,37 @@ def test_quick_bench_prints_the_json_contract_last() -> None:
         """The bench sub-app stand-in."""
 
     register(app)
-    result = CliRunner().invoke(app, ["trainer", "--quick", "--json", "--warmup", "1"])
+    return app
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("nosuchkey=1", "nosuchkey"),
+        ("train_last_layers=0", "train_last_layers"),
+        ("lora.enabled", "expected KEY=VALUE"),
+    ],
+)
+def test_bad_engine_settings_are_refused_before_anything_starts(option: str, message: str) -> None:
+    result = CliRunner().invoke(_bench_app(), ["trainer", "--quick", "--set", option])
+    assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.slow
+def test_engine_settings_are_measured_against_the_full_fine_tuning_engine() -> None:
+    args = ["trainer", "--quick", "--json", "--warmup", "0", "--steps", "2", "--baseline", "engine"]
+    args += ["--set", "lora.enabled=true", "--set", "train_last_layers=1"]
+    result = CliRunner().invoke(_bench_app(), args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["engine_settings"] == {"lora": {"enabled": True}, "train_last_layers": 1}
+    assert report["baseline"].startswith("the engine with default settings")
+    assert 0 < report["trainable_params"] < report["baseline_trainable_params"] / 10
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_the_json_contract_last() -> None:
+    result = CliRunner().invoke(_bench_app(), ["trainer", "--quick", "--json", "--warmup", "1"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
     for key in ("tokens_per_s", "baseline_tokens_per_s", "ratio", "peak_rss_mb"):

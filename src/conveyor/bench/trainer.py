@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,12 @@ class TrainerBenchSpec:
     warmup: int = 2
     seed: int = 0
     threads: int | None = None  # torch intra-op threads per side; None: all cores
+    # trainer settings of the engine side (TrainerConfig keys, nested as dicts), e.g.
+    # {"lora": {"enabled": True}} or {"train_last_layers": 4}
+    engine_settings: dict[str, Any] = field(default_factory=dict)
+    # "plain": the hand-written transformers loop; "engine": the engine with default settings
+    # (full fine-tuning), so `engine_settings` are measured against full fine-tuning
+    baseline: str = "plain"
 
 
 def synthetic_batch(spec: TrainerBenchSpec, vocab_size: int) -> TrainBatch:
@@ -105,7 +111,9 @@ def run_trainer_bench(spec: TrainerBenchSpec) -> dict[str, Any]:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return _report(spec, ready["engine"], times, stats)
+    report = _report(spec, ready["engine"], times, stats)
+    report["baseline_trainable_params"] = ready["baseline"].get("trainable_params")
+    return report
 
 
 def _report(
@@ -141,7 +149,13 @@ def _report(
             "micro_batches": info["micro_batches"],
         },
         "spec": asdict(spec),
-        "baseline": "HF causal-LM loss + backward per micro-batch, clip_grad_norm_, AdamW",
+        "baseline": (
+            "HF causal-LM loss + backward per micro-batch, clip_grad_norm_, AdamW"
+            if spec.baseline == "plain"
+            else "the engine with default settings (full fine-tuning)"
+        ),
+        "engine_settings": spec.engine_settings,
+        "trainable_params": info["trainable_params"],
     }
     if "peak_gpu_mb" in stats["engine"]:
         report["peak_gpu_mb"] = stats["engine"]["peak_gpu_mb"]
@@ -196,16 +210,45 @@ def _build(side: str, spec: TrainerBenchSpec) -> tuple[Any, dict[str, Any]]:
         "micro_batches": len(plan),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
-    if side == "engine":
+    if side == "engine" or spec.baseline == "engine":
         from conveyor.config import TrainerConfig
         from conveyor.trainer.engine import TorchTrainingEngine
 
-        settings = TrainerConfig(
-            lr=1e-6, micro_batch_tokens=spec.micro_batch_tokens, device=device, seed=spec.seed
+        values: dict[str, Any] = {
+            "lr": 1e-6,
+            "micro_batch_tokens": spec.micro_batch_tokens,
+            "device": device,
+            "seed": spec.seed,
+        }
+        if side == "engine":
+            values.update(spec.engine_settings)
+        engine = TorchTrainingEngine(spec.model_dir, TrainerConfig(**values))
+        info["trainable_params"] = sum(
+            p.numel() for p in engine.model.parameters() if p.requires_grad
         )
-        engine = TorchTrainingEngine(spec.model_dir, settings)
         return (lambda: engine.step(batch)), info
     return _plain_loop(spec, batch, device), info
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` items (dotted keys nest, values read as YAML) as a nested dict, checked
+    against `TrainerConfig`."""
+    import yaml
+
+    from conveyor.config import TrainerConfig
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw)
+    TrainerConfig(**out)  # unknown keys and bad values fail here, before any process starts
+    return out
 
 
 def _plain_loop(spec: TrainerBenchSpec, batch: TrainBatch, device: str) -> Any:

@@ -35,6 +35,21 @@ def trainer(
     quick: Annotated[
         bool, typer.Option(help="tiny random model, 4x32 tokens: a smoke run")
     ] = False,
+    settings: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="a trainer setting of the engine side, KEY=VALUE (TrainerConfig keys, dotted "
+            "for nested: lora.enabled=true, train_last_layers=4); repeatable",
+        ),
+    ] = None,
+    baseline: Annotated[
+        str,
+        typer.Option(
+            help="plain: a hand-written transformers loop; engine: the engine with default "
+            "settings (full fine-tuning), to measure --set against it"
+        ),
+    ] = "plain",
     json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
     out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
 ) -> None:
@@ -43,8 +58,21 @@ def trainer(
     The last line printed is one JSON object with `tokens_per_s`, `baseline_tokens_per_s`,
     `ratio` and `peak_rss_mb`.
     """
-    from conveyor.bench.trainer import TrainerBenchSpec, run_trainer_bench, tiny_model_dir
+    from conveyor.bench.trainer import (
+        TrainerBenchSpec,
+        parse_settings,
+        run_trainer_bench,
+        tiny_model_dir,
+    )
 
+    if baseline not in ("plain", "engine"):
+        raise typer.BadParameter(
+            f"expected plain or engine, got {baseline!r}", param_hint="--baseline"
+        )
+    try:
+        engine_settings = parse_settings(settings or [])
+    except ValueError as error:  # pydantic's ValidationError is a ValueError
+        raise typer.BadParameter(str(error), param_hint="--set") from error
     temporary: Path | None = None
     if quick:
         model, seq_len, micro_batch_tokens = "tiny", 32, 64
@@ -67,6 +95,8 @@ def trainer(
         steps=steps,
         warmup=warmup,
         threads=threads,
+        engine_settings=engine_settings,
+        baseline=baseline,
     )
     try:
         report = run_trainer_bench(spec)
@@ -89,6 +119,8 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"{batch['tokens']} tokens ({batch['padded_tokens']} padded) in "
         f"{batch['micro_batches']} micro-batches"
     )
+    if report["engine_settings"]:
+        print(f"engine settings {report['engine_settings']}; baseline: {report['baseline']}")
     print(f"{'':<10}{'tokens/s':>12}{'step s':>10}{'peak RSS MB':>14}")
     print(
         f"{'engine':<10}{report['tokens_per_s']:>12.1f}{report['step_s_median']:>10.3f}"
