@@ -122,3 +122,22 @@ _CONFIG: pytest.Config | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _CONFIG
     _CONFIG = config
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_event_loop_left_running() -> Any:
+    """A test file must not leave an event loop marked running in the main thread.
+
+    One that does makes every later `asyncio.run` in the same process fail at once ("cannot be
+    called from a running event loop"): 84 tests of one xdist worker failed that way after the
+    viewer's files, whose session-wide playwright browser (sync API) held such a loop. Checked
+    when the file's own fixtures are torn down; the file that leaks it errors here, named, and
+    the mark is cleared for the files after it.
+    """
+    import asyncio
+
+    yield
+    leaked = asyncio._get_running_loop()
+    if leaked is not None:
+        asyncio.events._set_running_loop(None)
+        pytest.fail(f"this file left an event loop running in the main thread: {leaked!r}")

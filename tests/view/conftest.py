@@ -158,9 +158,14 @@ class PageLog:
     requests: list[str] = field(default_factory=list)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's headless Chromium driven by playwright; skipped where either is missing."""
+    """Debian's headless Chromium driven by playwright; skipped where either is missing.
+
+    One per test file, never per session: playwright's sync API marks an event loop running in
+    the main thread while it is open, and every `asyncio.run` in that process fails meanwhile
+    (a session-long browser failed 84 tests that a parallel run gave the same worker later).
+    """
     executable = shutil.which(CHROMIUM)
     if executable is None:
         pytest.skip(f"{CHROMIUM} not installed (apt-get install {CHROMIUM}; see bootstrap.sh)")
