@@ -24,6 +24,9 @@ rm -f "$MYPY_LOG"
 [ "$mypy_status" -eq 0 ] || { echo "mypy failed (exit $mypy_status)" >&2; exit "$mypy_status"; }
 # Two workers (pytest-xdist): most tests hold one core (OMP_NUM_THREADS=1, a one-thread vLLM
 # engine, a subprocess that waits), so two at once roughly halve the wall time on two cores.
-# Each file stays on one worker and the Ray files share one (tests/conftest.py). Serial:
+# Each file stays on one worker and the Ray files share one (tests/conftest.py). A worker past
+# CONVEYOR_TEST_WORKER_RETIRE_MB of memory between two files exits and a fresh one takes over
+# (each counts as a restart for xdist, hence the high --max-worker-restart). Serial:
 # scripts/test.sh -n 0. pytest exits 5 when it collected no test: that fails this script too.
-.venv/bin/python -m pytest -q --durations=30 -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+.venv/bin/python -m pytest -q --durations=30 -n "${PYTEST_WORKERS:-2}" --dist loadgroup \
+  --max-worker-restart 100 "$@"

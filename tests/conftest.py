@@ -55,22 +55,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             # xdist's own puts a crashed worker's file back whole, the test that crashed it
             # included, so a test that kills its worker (out of memory, say) ran up to eight
             # times. Here it is reported once, as a failure, and the rest of its file goes on.
+            # A worker that retired itself (see `pytest_runtest_protocol`) crashed nothing:
+            # its queued files go back whole.
             workload = self.assigned_work.pop(node)
+            retired = _retired_marker(os.getpid(), node.gateway.id)
             pending = [
                 (unit, nodeid)
                 for unit in workload.values()
                 for nodeid, completed in unit.items()
                 if not completed
             ]
-            if not pending:
-                return None
-            unit, crashed = pending[0]
-            unit[crashed] = True
+            crashed: str | None = None
+            if retired.is_file():
+                why = retired.read_text()
+                retired.unlink()
+                log_line(config, f"worker {node.gateway.id} retired ({why}); a fresh one starts")
+            elif pending:
+                unit, crashed = pending[0]
+                unit[crashed] = True
             left = {scope: u for scope, u in workload.items() if not all(u.values())}
             self.workqueue.update(left)
             for other in self.assigned_work:
                 self._reschedule(other)
-            return str(crashed)
+            return crashed
 
     return FileGroups(config, log)
 
@@ -141,3 +148,63 @@ def _no_event_loop_left_running() -> Any:
     if leaked is not None:
         asyncio.events._set_running_loop(None)
         pytest.fail(f"this file left an event loop running in the main thread: {leaked!r}")
+
+
+# A parallel worker's memory only grows: Python and glibc keep what in-process vLLM engines and
+# trainers freed (measured: one worker at 7 GB after a few such files, then 10.9 GB, and the
+# kernel's OOM killer took it with the other worker's training subprocess beside it). A worker
+# above RETIRE_MB when it finishes a file exits there, between two files, and xdist starts a
+# fresh one (~20 s of collection); its queued files go to the workers left.
+RETIRE_MB = int(os.environ.get("CONVEYOR_TEST_WORKER_RETIRE_MB", "4000"))
+
+
+def _retired_marker(controller_pid: int, worker_id: str) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"conveyor-xdist-{controller_pid}" / worker_id
+
+
+def _rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        import shutil
+
+        shutil.rmtree(_retired_marker(os.getpid(), "-").parent, ignore_errors=True)
+
+
+def log_line(config: pytest.Config, text: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        reporter.write_line(text)
+
+
+_LAST_FILE: Path | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """In a parallel worker, at the first test of a new file: retire if memory is past
+    RETIRE_MB. The file before is finished (its reports sent, its fixtures torn down) and this
+    test has not begun, so the controller puts this file back whole (`remove_node`)."""
+    global _LAST_FILE
+    previous, _LAST_FILE = _LAST_FILE, item.path
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or previous is None or previous == item.path:
+        return
+    rss = _rss_mb()
+    if rss <= RETIRE_MB:
+        return
+    marker = _retired_marker(os.getppid(), worker)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{rss:.0f} MB after {previous.name}")
+    os._exit(0)
