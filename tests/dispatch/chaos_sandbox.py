@@ -10,6 +10,7 @@ a full host disk). Used by `test_chaos_real.py`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import sys
 import time
@@ -66,6 +67,10 @@ class ChaosRuntime(BubblewrapRuntime):
 
     async def close(self) -> None:
         await super().close()
+        # Not while a start is meant to meet a full host disk: a workspace removed then frees
+        # the space that start needs, and it succeeds (seen: 2 of 10 in a loaded run).
+        while HostDiskFull.busy:
+            await asyncio.sleep(0.02)
         await asyncio.to_thread(self.task_workspace.remove)
 
 
@@ -107,9 +112,18 @@ class ChaosSandboxFamily:
         return ToolRegistry([make_bash_tool(10.0), finish])
 
     async def make_runtime(self, task: Task) -> Runtime:
-        workspace = await asyncio.to_thread(
-            make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
-        )
+        full = DISK_FULL_AT_START.get()
+        if full is None:
+            workspace = await asyncio.to_thread(
+                make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
+            )
+        else:
+            while HostDiskFull.busy:  # one such start at a time, on a disk filled just for it
+                await asyncio.sleep(0.02)
+            with full:
+                workspace = await asyncio.to_thread(
+                    make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
+                )
         runtime = ChaosRuntime(workspace, Path(sys.prefix))
         self.sandbox_ids.append(runtime.sandbox_id)
         return await started(runtime)
@@ -147,12 +161,14 @@ class ScriptedChaosStages(AgentStages):
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
         if fault_of(task) == "host_full" and attempt == 0:
-            with self.disk_full:
-                try:
-                    return await super().init(task, sample_index, attempt)
-                except OSError as error:
-                    self.host_full[(task.id, sample_index)] = error.errno
-                    raise
+            token = DISK_FULL_AT_START.set(self.disk_full)  # make_runtime fills it, see there
+            try:
+                return await super().init(task, sample_index, attempt)
+            except OSError as error:
+                self.host_full[(task.id, sample_index)] = error.errno
+                raise
+            finally:
+                DISK_FULL_AT_START.reset(token)
         return await super().init(task, sample_index, attempt)
 
     async def run(
@@ -185,9 +201,19 @@ class ScriptedChaosStages(AgentStages):
         return scored
 
 
+# Set by the stages for a start that is to meet a full host disk: the family fills the disk
+# around the workspace's creation only (a short window in which no workspace is removed).
+DISK_FULL_AT_START: contextvars.ContextVar[HostDiskFull | None] = contextvars.ContextVar(
+    "chaos_disk_full_at_start", default=None
+)
+
+
 class HostDiskFull:
     """The host disk under the workspaces is full (another process's ballast) while any
-    `with` of it is open; nested or overlapping uses share one ballast."""
+    `with` of it is open; nested or overlapping uses share one ballast, topped up at each.
+    `busy` (class-wide) is true meanwhile: chaos runtimes hold their workspace removal."""
+
+    busy: ClassVar[bool] = False
 
     def __init__(self, root: Path) -> None:
         self.ballast = root / ".ballast"
@@ -195,11 +221,10 @@ class HostDiskFull:
 
     def __enter__(self) -> None:
         self.users += 1
-        if self.users > 1:
-            return
-        with open(self.ballast, "wb") as handle:
+        HostDiskFull.busy = True
+        with open(self.ballast, "ab") as handle:
             # tmpfs takes all of a fallocate or none of it: claim big, then smaller, to the page
-            size, chunk = 0, 1 << 20
+            size, chunk = os.fstat(handle.fileno()).st_size, 1 << 20
             while chunk >= 4096:
                 try:
                     os.posix_fallocate(handle.fileno(), size, chunk)
@@ -211,3 +236,4 @@ class HostDiskFull:
         self.users -= 1
         if self.users == 0:
             self.ballast.unlink()
+            HostDiskFull.busy = False
