@@ -59,20 +59,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             # its queued files go back whole.
             workload = self.assigned_work.pop(node)
             retired = _retired_marker(os.getpid(), node.gateway.id)
-            pending = [
-                (unit, nodeid)
-                for unit in workload.values()
-                for nodeid, completed in unit.items()
-                if not completed
-            ]
             crashed: str | None = None
             if retired.is_file():
                 why = retired.read_text()
                 retired.unlink()
                 log_line(config, f"worker {node.gateway.id} retired ({why}); a fresh one starts")
-            elif pending:
-                unit, crashed = pending[0]
-                unit[crashed] = True
+            else:  # the first test not completed is the one that was running
+                for unit in workload.values():
+                    crashed = next((n for n, completed in unit.items() if not completed), None)
+                    if crashed is not None:
+                        unit[crashed] = True
+                        break
             left = {scope: u for scope, u in workload.items() if not all(u.values())}
             self.workqueue.update(left)
             for other in self.assigned_work:
@@ -82,20 +79,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FileGroups(config, log)
 
 
+def _proc_kib(path: str, key: str) -> int | None:
+    """A `key:` line's value (kB) of a /proc status file, None where there is none."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def _machine_state() -> str:
     """Free disk under the test temp folder and available memory: what a failure ran beside."""
     import shutil
     import tempfile
 
     free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
-    available = "?"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = f"{int(line.split()[1]) / 2**20:.1f}"
-    except OSError:
-        pass
-    return f"disk free {free_gb:.1f} GiB, memory available {available} GiB"
+    available = _proc_kib("/proc/meminfo", "MemAvailable")
+    shown = "?" if available is None else f"{available / 2**20:.1f}"
+    return f"disk free {free_gb:.1f} GiB, memory available {shown} GiB"
 
 
 @pytest.hookimpl(trylast=True)
@@ -107,20 +110,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """
     if _CONFIG is None or hasattr(_CONFIG, "workerinput"):
         return  # xdist workers report to the controller, which prints
-    reporter = _CONFIG.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:
-        return
     worker = getattr(report, "node", None)
     where = f" [{worker.gateway.id}]" if worker is not None else ""
     if report.failed:
-        reporter.write("\n")
-        reporter.write_line(
+        log_line(
+            _CONFIG,
             f"FAILED {report.nodeid} ({report.when}, {report.duration:.0f} s){where}; "
-            f"{_machine_state()}"
+            f"{_machine_state()}",
         )
     elif report.when == "call" and report.duration > 120:
-        reporter.write("\n")
-        reporter.write_line(f"slow {report.nodeid} {report.duration:.0f} s{where}")
+        log_line(_CONFIG, f"slow {report.nodeid} {report.duration:.0f} s{where}")
 
 
 _CONFIG: pytest.Config | None = None
@@ -164,16 +163,6 @@ def _retired_marker(controller_pid: int, worker_id: str) -> Path:
     return Path(tempfile.gettempdir()) / f"conveyor-xdist-{controller_pid}" / worker_id
 
 
-def _rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):
         import shutil
@@ -201,7 +190,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or previous is None or previous == item.path:
         return
-    rss = _rss_mb()
+    rss = (_proc_kib("/proc/self/status", "VmRSS") or 0) / 1024
     if rss <= RETIRE_MB:
         return
     marker = _retired_marker(os.getppid(), worker)

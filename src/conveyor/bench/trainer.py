@@ -111,17 +111,16 @@ def run_trainer_bench(spec: TrainerBenchSpec) -> dict[str, Any]:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    report = _report(spec, ready["engine"], times, stats)
-    report["baseline_trainable_params"] = ready["baseline"].get("trainable_params")
-    return report
+    return _report(spec, ready, times, stats)
 
 
 def _report(
     spec: TrainerBenchSpec,
-    info: dict[str, Any],
+    ready: dict[str, dict[str, Any]],
     times: dict[str, list[float]],
     stats: dict[str, dict[str, float]],
 ) -> dict[str, Any]:
+    info = ready["engine"]
     tokens = info["tokens"]
     median = {side: statistics.median(times[side]) for side in SIDES}
     tps = {side: tokens / median[side] for side in SIDES}
@@ -156,6 +155,7 @@ def _report(
         ),
         "engine_settings": spec.engine_settings,
         "trainable_params": info["trainable_params"],
+        "baseline_trainable_params": ready["baseline"].get("trainable_params"),
     }
     if "peak_gpu_mb" in stats["engine"]:
         report["peak_gpu_mb"] = stats["engine"]["peak_gpu_mb"]
@@ -231,23 +231,26 @@ def _build(side: str, spec: TrainerBenchSpec) -> tuple[Any, dict[str, Any]]:
 
 
 def parse_settings(items: list[str]) -> dict[str, Any]:
-    """`KEY=VALUE` items (dotted keys nest, values read as YAML) as a nested dict, checked
-    against `TrainerConfig`."""
-    import yaml
+    """`KEY=VALUE` trainer settings (dotted keys nest) as a nested dict of the values set, read
+    and checked as `conveyor train --set trainer.KEY=VALUE` reads them (`load_config`)."""
+    from conveyor.config import load_config
 
-    from conveyor.config import TrainerConfig
-
-    out: dict[str, Any] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not item.partition("=")[1]:
             raise ValueError(f"expected KEY=VALUE, got {item!r}")
-        *parents, leaf = key.split(".")
+    resolved = load_config(None, [f"trainer.{item}" for item in items])
+    out: dict[str, Any] = {}
+    for key, source in resolved.sources.items():
+        if source != "--set":
+            continue
+        value: Any = resolved.config
+        for name in key.split("."):
+            value = getattr(value, name)
+        *parents, leaf = key.split(".")[1:]
         node = out
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw)
-    TrainerConfig(**out)  # unknown keys and bad values fail here, before any process starts
+        node[leaf] = value
     return out
 
 
