@@ -51,6 +51,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return test_group(nodeid)
 
+        def _reschedule(self, node: Any) -> None:
+            # A fresh worker is known from its start but has no collection until it finishes
+            # collecting; xdist's own gives it work then and fails (KeyError, an internal error
+            # that ends the run) when two workers are replaced at once. It gets work when its
+            # collection arrives (`schedule()` runs again then).
+            if node in self.registered_collections:
+                super()._reschedule(node)
+
         def remove_node(self, node: Any) -> str | None:
             # xdist's own puts a crashed worker's file back whole, the test that crashed it
             # included, so a test that kills its worker (out of memory, say) ran up to eight
