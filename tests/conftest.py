@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,29 @@ def test_group(nodeid: str) -> str:
     return "ray" if Path(path).name in RAY_FILES else path
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+DEFAULT_TEST_S = 1.0  # a group the last full run did not time: this many seconds per test
+
+
+def group_cost(group: str, tests: int) -> float:
+    """Seconds a group of tests is expected to take (see `DURATIONS`)."""
+    known = _durations().get(group)
+    return known if known is not None else DEFAULT_TEST_S * tests
+
+
+@functools.cache
+def _durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+# What this run took per group (controller side): written to $CONVEYOR_TEST_DURATIONS_OUT at
+# the end where set, to refresh `DURATIONS` from a full run (`cp` it over, then commit).
+_MEASURED: dict[str, float] = {}
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadgroup":
         return None  # xdist's own schedulers for every other --dist
@@ -50,6 +75,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class FileGroups(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return test_group(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # Longest first (by the last full run's seconds per group, tests/durations.json):
+            # by xdist's own order (most tests first) the slowest one-test files came last and
+            # ran alone at the end of the run, one worker idle (measured: a 585 s tail).
+            longest = max(self.workqueue, key=lambda g: group_cost(g, len(self.workqueue[g])))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
 
         def _reschedule(self, node: Any) -> None:
             # A fresh worker is known from its start but has no collection until it finishes
@@ -118,6 +151,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """
     if _CONFIG is None or hasattr(_CONFIG, "workerinput"):
         return  # xdist workers report to the controller, which prints
+    group = test_group(report.nodeid)
+    _MEASURED[group] = _MEASURED.get(group, 0.0) + report.duration
     worker = getattr(report, "node", None)
     where = f" [{worker.gateway.id}]" if worker is not None else ""
     if report.failed:
@@ -176,6 +211,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         import shutil
 
         shutil.rmtree(_retired_marker(os.getpid(), "-").parent, ignore_errors=True)
+        out = os.environ.get("CONVEYOR_TEST_DURATIONS_OUT")
+        if out:
+            rounded = {g: round(s, 1) for g, s in sorted(_MEASURED.items())}
+            Path(out).write_text(json.dumps(rounded, indent=1) + "\n")
 
 
 def log_line(config: pytest.Config, text: str) -> None:

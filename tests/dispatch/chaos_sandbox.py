@@ -67,10 +67,6 @@ class ChaosRuntime(BubblewrapRuntime):
 
     async def close(self) -> None:
         await super().close()
-        # Not while a start is meant to meet a full host disk: a workspace removed then frees
-        # the space that start needs, and it succeeds (seen: 2 of 10 in a loaded run).
-        while HostDiskFull.busy:
-            await asyncio.sleep(0.02)
         await asyncio.to_thread(self.task_workspace.remove)
 
 
@@ -84,6 +80,7 @@ class ChaosSandboxFamily:
 
     name = "chaos-sandbox-test"
     root: ClassVar[Path] = Path("/nonexistent")
+    full_root: ClassVar[Path] = Path("/nonexistent")  # a host disk that is full, see below
     template: ClassVar[Path] = Path("/nonexistent")
     sandbox_ids: ClassVar[list[str]] = []
     grades: ClassVar[list[ExecResult]] = []
@@ -112,18 +109,10 @@ class ChaosSandboxFamily:
         return ToolRegistry([make_bash_tool(10.0), finish])
 
     async def make_runtime(self, task: Task) -> Runtime:
-        full = DISK_FULL_AT_START.get()
-        if full is None:
-            workspace = await asyncio.to_thread(
-                make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
-            )
-        else:
-            while HostDiskFull.busy:  # one such start at a time, on a disk filled just for it
-                await asyncio.sleep(0.02)
-            with full:
-                workspace = await asyncio.to_thread(
-                    make_workspace, self.template, self.root, size_bytes=WORKSPACE_DISK
-                )
+        root = self.full_root if DISK_FULL_AT_START.get() else self.root
+        workspace = await asyncio.to_thread(
+            make_workspace, self.template, root, size_bytes=WORKSPACE_DISK
+        )
         runtime = ChaosRuntime(workspace, Path(sys.prefix))
         self.sandbox_ids.append(runtime.sandbox_id)
         return await started(runtime)
@@ -153,7 +142,6 @@ class ScriptedChaosStages(AgentStages):
         super().__init__(*args, **kwargs)
         self.fills: dict[tuple[str, int], ExecResult] = {}
         self.wedged: set[tuple[str, int]] = set()
-        self.disk_full = HostDiskFull(family.root)
         self.host_full: dict[tuple[str, int], int | None] = {}  # errno of the failed start
         self.engine_errors: list[EngineError] = []
         # what each reward stage did and when (shown when a rollout is lost)
@@ -161,7 +149,7 @@ class ScriptedChaosStages(AgentStages):
 
     async def init(self, task: Task, sample_index: int, attempt: int) -> Runtime:
         if fault_of(task) == "host_full" and attempt == 0:
-            token = DISK_FULL_AT_START.set(self.disk_full)  # make_runtime fills it, see there
+            token = DISK_FULL_AT_START.set(True)  # make_runtime makes it on the full disk
             try:
                 return await super().init(task, sample_index, attempt)
             except OSError as error:
@@ -201,39 +189,24 @@ class ScriptedChaosStages(AgentStages):
         return scored
 
 
-# Set by the stages for a start that is to meet a full host disk: the family fills the disk
-# around the workspace's creation only (a short window in which no workspace is removed).
-DISK_FULL_AT_START: contextvars.ContextVar[HostDiskFull | None] = contextvars.ContextVar(
-    "chaos_disk_full_at_start", default=None
+# Set by the stages for a start that is to meet a full host disk: the family makes that
+# workspace under `full_root`, a filesystem of its own that the fixture filled (another
+# process's ballast). Nothing else writes or frees space there, so the start fails with ENOSPC
+# every time. (Filling the shared root around such a start was flaky: any workspace removed or
+# failed meanwhile freed the page it needed; seen in CI, 9 of 10.)
+DISK_FULL_AT_START: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chaos_disk_full_at_start", default=False
 )
 
 
-class HostDiskFull:
-    """The host disk under the workspaces is full (another process's ballast) while any
-    `with` of it is open; nested or overlapping uses share one ballast, topped up at each.
-    `busy` (class-wide) is true meanwhile: chaos runtimes hold their workspace removal."""
-
-    busy: ClassVar[bool] = False
-
-    def __init__(self, root: Path) -> None:
-        self.ballast = root / ".ballast"
-        self.users = 0
-
-    def __enter__(self) -> None:
-        self.users += 1
-        HostDiskFull.busy = True
-        with open(self.ballast, "ab") as handle:
-            # tmpfs takes all of a fallocate or none of it: claim big, then smaller, to the page
-            size, chunk = os.fstat(handle.fileno()).st_size, 1 << 20
-            while chunk >= 4096:
-                try:
-                    os.posix_fallocate(handle.fileno(), size, chunk)
-                    size += chunk
-                except OSError:
-                    chunk //= 2
-
-    def __exit__(self, *exc: object) -> None:
-        self.users -= 1
-        if self.users == 0:
-            self.ballast.unlink()
-            HostDiskFull.busy = False
+def fill_disk(path: Path) -> None:
+    """Fill the filesystem holding `path` with the file `path`, to the last page."""
+    with open(path, "ab") as handle:
+        # tmpfs takes all of a fallocate or none of it: claim big, then smaller, to the page
+        size, chunk = os.fstat(handle.fileno()).st_size, 1 << 20
+        while chunk >= 4096:
+            try:
+                os.posix_fallocate(handle.fileno(), size, chunk)
+                size += chunk
+            except OSError:
+                chunk //= 2

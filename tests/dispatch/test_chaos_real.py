@@ -43,6 +43,7 @@ from chaos_sandbox import (
     ChaosSandboxFamily,
     ScriptedChaosStages,
     fault_of,
+    fill_disk,
 )
 
 from conveyor.agent.chat import ChatRenderer
@@ -159,8 +160,14 @@ def chaos_family(
     (template / "tests").mkdir(parents=True)
     (template / "tests" / "test_solution.py").write_text(TEST_SOLUTION)
     (template / "README.md").write_text("Write hello into answer.txt.\n")
+    # A second host disk, full (see chaos_sandbox.DISK_FULL_AT_START): where the starts that
+    # are to meet a full disk make their workspace.
+    full_root = tmp_path / "full-disk"
+    full_root.mkdir()
+    _mount(full_root, "size=256k,mode=0755")
+    fill_disk(full_root / ".ballast")
     family = ChaosSandboxFamily
-    family.root, family.template = root, template
+    family.root, family.template, family.full_root = root, template, full_root
     family.sandbox_ids, family.grades = [], []
     try:
         yield family
@@ -168,6 +175,9 @@ def chaos_family(
         for mount in _mounts_under(root):
             _umount(mount)
         _umount(str(root))
+        for mount in _mounts_under(full_root):
+            _umount(mount)
+        _umount(str(full_root))
 
 
 def _mount(target: Path, options: str) -> None:
@@ -247,6 +257,8 @@ def _assert_nothing_left(family: type[ChaosSandboxFamily]) -> None:
     assert _sandbox_processes(family.sandbox_ids) == []
     assert _mounts_under(family.root) == []
     assert sorted(p.name for p in family.root.iterdir()) == []
+    assert _mounts_under(family.full_root) == []
+    assert sorted(p.name for p in family.full_root.iterdir()) == [".ballast"]
 
 
 def test_chaos_200_rollouts_engine_killed_and_restarted(
