@@ -79,18 +79,59 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             # Longest first (by the last full run's seconds per group, tests/durations.json):
             # by xdist's own order (most tests first) the slowest one-test files came last and
-            # ran alone at the end of the run, one worker idle (measured: a 585 s tail).
-            longest = max(self.workqueue, key=lambda g: group_cost(g, len(self.workqueue[g])))
+            # ran alone at the end of the run, one worker idle (measured: a 585 s tail). Only
+            # groups the worker collected whole (a replacement's collection may differ).
+            known = set(self.registered_collections[node])
+            runnable = [g for g, unit in self.workqueue.items() if known.issuperset(unit)]
+            if not runnable:
+                log_line(
+                    config,
+                    f"worker {node.gateway.id}: none of the files left is one it collected "
+                    "whole; it stops",
+                )
+                node.shutdown()
+                return
+            longest = max(runnable, key=lambda g: group_cost(g, len(self.workqueue[g])))
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)
+
+        def add_node_collection(self, node: Any, collection: Any) -> None:
+            # xdist's own leaves a replacement worker whose collection differs from the run's
+            # unregistered: it never gets work (and a run left with no other worker never
+            # ends). Here it is said, and the worker runs the files it collected whole
+            # (`_assign_work_unit`).
+            ids = list(collection)
+            if self.collection_is_completed and ids != self.collection:
+                missing = sorted(set(self.collection) - set(ids))
+                extra = sorted(set(ids) - set(self.collection))
+                log_line(
+                    config,
+                    f"worker {node.gateway.id} collected other tests than the run: "
+                    f"{len(missing)} missing {missing[:3]}, {len(extra)} extra {extra[:3]}"
+                    f"{'' if missing or extra else ' (same tests, another order)'}",
+                )
+                self.registered_collections[node] = ids
+                return
+            super().add_node_collection(node, collection)
 
         def _reschedule(self, node: Any) -> None:
             # A fresh worker is known from its start but has no collection until it finishes
             # collecting; xdist's own gives it work then and fails (KeyError, an internal error
             # that ends the run) when two workers are replaced at once. It gets work when its
             # collection arrives (`schedule()` runs again then).
-            if node in self.registered_collections:
-                super()._reschedule(node)
+            if node not in self.registered_collections:
+                return
+            super()._reschedule(node)
+            # A worker holds back the last test it was sent until it knows the next one (or is
+            # told to stop). xdist's own sends a replacement worker one file, so a one-test file
+            # there waited forever (seen: a fresh worker idle for 16 minutes, the rest of the run
+            # on one worker). Keep two tests pending while there is work.
+            while (
+                self.workqueue
+                and not node.shutting_down
+                and self._pending_of(self.assigned_work[node]) < 2
+            ):
+                self._assign_work_unit(node)
 
         def remove_node(self, node: Any) -> str | None:
             # xdist's own puts a crashed worker's file back whole, the test that crashed it

@@ -62,3 +62,27 @@ def test_without_a_durations_file_the_most_tests_go_first(pytester: pytest.Pytes
     )
     result.assert_outcomes(passed=7)
     assert order.read_text().split()[:5] == ["many"] * 5
+
+
+def test_a_replacement_worker_that_collects_other_tests_still_gets_work(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker retires at each new file (limit 0 MB); its replacement collects one file
+    differently (ids from the worker's name). xdist's own scheduler leaves such a worker
+    without work, and with one worker the run never ends."""
+    order = _suite(pytester, {"test_dynamic.py": 900.0})  # runs first, on the first worker
+    pytester.makepyfile(
+        test_dynamic=(
+            "import os\nimport pytest\n\n"
+            "@pytest.mark.parametrize('who', [os.environ.get('PYTEST_XDIST_WORKER')])\n"
+            "def test_named(who):\n    pass\n"
+        )
+    )
+    monkeypatch.setenv("CONVEYOR_TEST_WORKER_RETIRE_MB", "0")
+    result = pytester.runpytest_subprocess(
+        "-n", "1", "--dist", "loadgroup", "--max-worker-restart", "10",
+        "-p", "no:randomly", "-p", "no:cacheprovider", timeout=120,
+    )  # fmt: skip
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["*collected other tests than the run: 1 missing*"])
+    assert sorted(order.read_text().split()) == sorted(["one_slow", "one_fast"] + ["many"] * 5)
