@@ -2,8 +2,8 @@
 
 Fast: the settings that cannot work together, and an unreachable address, each answered with one
 message in seconds (through `conveyor eval`, before any engine starts). Slow: a simulated
-three-node `ray.cluster_utils.Cluster` runs two real RL steps of the quickstart model, and a
-cluster without a sandbox node is refused at start.
+four-node `ray.cluster_utils.Cluster` runs two real RL steps of the quickstart model and then an
+evaluation, and a cluster without a sandbox or engine node is refused at start.
 """
 
 from __future__ import annotations
@@ -50,6 +50,22 @@ def free_port() -> int:
             r"'asyncio'",
         ),
         (["cluster.sandbox_resource=CPU"], r"'CPU' is one of Ray's own resources"),
+        (
+            ["cluster.engine_resource=engine"],
+            r"cluster.engine_resource 'engine' places engine replicas on a Ray cluster, but "
+            r"cluster.address is null",
+        ),
+        (
+            [
+                "cluster.address=local",
+                "cluster.engine_resource=engine",
+                "engine.kind=openai",
+                "engine.base_url=http://a/v1",
+            ],
+            r"cluster.engine_resource starts vLLM servers on the cluster, which needs "
+            r"engine.kind 'vllm', not 'openai'",
+        ),
+        (["cluster.engine_resource=GPU"], r"'GPU' is one of Ray's own resources"),
         (["cluster.trainer_workers=0"], r"cluster.trainer_workers"),
     ],
 )
@@ -153,8 +169,9 @@ def live(table: list[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.slow
 def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) -> None:
-    """Head and one trainer node, no node with `sandbox`: `conveyor train` says so, with the
-    trainer shortfall, before the engine starts; nothing is left running on the cluster."""
+    """Head and one trainer node, no node with `sandbox` nor `engine`: `conveyor train` says
+    so, with the trainer shortfall, before the engine starts; nothing is left running on the
+    cluster."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -172,6 +189,7 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
             *("--set", f"cluster.address={cluster.address}"),
             *("--set", "trainer.backend=ray_fsdp"),
             *("--set", "cluster.trainer_workers=3"),
+            *("--set", "cluster.engine_resource=engine"),
             *("--set", f"run.dir={run_dir}"),
         )
         elapsed = time.monotonic() - started
@@ -183,6 +201,7 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         assert (
             "3 trainer workers x cluster.trainer_cpus_per_worker 1 = 3 CPUs, but the " in errors[0]
         )
+        assert "engine.replicas is 1 but the nodes offer 0 units of 'engine'" in errors[0]
         assert "trainer: 2" in errors[0]  # the nodes it saw
         assert elapsed < 90 and not run_dir.exists()
         assert live(actor_table(cluster.address)) == []
@@ -236,14 +255,16 @@ def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
+def test_two_rl_steps_on_a_four_node_cluster_equal_a_single_process_run(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Head, a `sandbox` node and a `trainer` node (`ray.cluster_utils.Cluster`, CPU only):
-    `conveyor train` with `cluster.address` and `trainer.backend: ray_fsdp` places every
+    """Head, a `sandbox`, a `trainer` and an `engine` node (`ray.cluster_utils.Cluster`, CPU
+    only): `conveyor train` with `cluster.address` and `trainer.backend: ray_fsdp` places every
     runtime (bubblewrap) on the sandbox node and two FSDP2 workers (gloo) on the trainer node;
-    the engine is in-process vLLM in the driver. Rollouts, losses and final weights equal a
-    run of the same config in one process, and no actor outlives the run."""
+    the engine is in-process vLLM in the driver. Rollouts, losses and final weights equal a run
+    of the same config in one process. Then `conveyor eval`, unchanged, on the same cluster with
+    `cluster.engine_resource`: its engine is a vLLM server that an actor on the engine node
+    starts, its runtimes on the sandbox node. No actor and no server outlives its run."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
     from safetensors.torch import load_file
@@ -266,6 +287,7 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
     try:
         sandbox = cluster.add_node(num_cpus=1, resources={"sandbox": 16})
         trainer = cluster.add_node(num_cpus=2, resources={"trainer": 2})
+        engine = cluster.add_node(num_cpus=1, resources={"engine": 1})
         cluster.wait_for_nodes()
         ray_dir = tmp_path / "ray"
         placed = train(
@@ -275,6 +297,30 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             "cluster.trainer_workers=2",
         )
         assert placed.returncode == 0, placed.stderr[-4000:]
+        # The same cluster, `conveyor eval` unchanged, its engine a replica on the engine node
+        on_cluster = [f"cluster.address={cluster.address}", "cluster.engine_resource=engine"]
+        evaluated = conveyor(
+            "eval",
+            "configs/quickstart-eval.yaml",
+            *[
+                arg
+                for item in [
+                    *TWO_STEPS[:2],
+                    "tasks.num_tasks=2",
+                    "tasks.group_size=1",
+                    "agent.max_turns=2",
+                    "agent.max_completion_tokens=48",
+                    f"run.dir={tmp_path / 'eval'}",
+                    *on_cluster,
+                ]
+                for arg in ("--set", item)
+            ],
+        )
+        assert evaluated.returncode == 0, evaluated.stderr[-4000:]
+        summary = json.loads((tmp_path / "eval/summary.json").read_text())
+        (replica,) = summary["engine_replicas"]["replicas"]
+        assert replica["sessions"] == 2 and replica["down"] is None
+        assert _guarded_servers() == []
 
         # every runtime on the sandbox node, both trainer ranks on the trainer node, none alive
         deadline = time.monotonic() + 60
@@ -287,8 +333,13 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             name = actor["ActorClassName"]
             nodes.setdefault(name, set()).add(actor["Address"]["NodeID"])
             counts[name] = counts.get(name, 0) + 1
-        assert nodes == {"RuntimeHost": {sandbox.node_id}, "TrainerWorker": {trainer.node_id}}
-        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 2
+        assert nodes == {
+            "RuntimeHost": {sandbox.node_id},
+            "TrainerWorker": {trainer.node_id},
+            "EngineReplicaHost": {engine.node_id},
+        }
+        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 2 + 2
+        assert counts["EngineReplicaHost"] == 1
     finally:
         cluster.shutdown()
 
@@ -324,6 +375,19 @@ def test_two_rl_steps_on_a_three_node_cluster_equal_a_single_process_run(
             json.loads((single_dir / name).read_text()),
         )
         assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 1
+
+
+def _guarded_servers() -> list[str]:
+    """Command lines of engine servers a replica actor started that still run."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"conveyor.engines.server_guard" in argv:
+            found.append(" ".join(a.decode(errors="replace") for a in argv))
+    return found
 
 
 def test_the_stages_a_sandbox_node_gets_carry_the_families_not_the_engine() -> None:

@@ -66,7 +66,8 @@ def test_a_replica_that_exits_at_start_is_named_and_the_others_are_stopped(
             start_timeout_s=60,
         )
     message = str(caught.value)
-    assert message.startswith(f"engine replica 1 (a vLLM server on port {started[1]}) exited")
+    url = f"http://127.0.0.1:{started[1]}/v1"
+    assert message.startswith(f"engine replica 1 (a vLLM server at {url}) exited")
     assert "with code 3" in message and message.endswith("CUDA out of memory (pretend)")
     assert time.monotonic() - begin < 30  # noticed when it exited, not at the start timeout
     child = int((pids / "child").read_text())

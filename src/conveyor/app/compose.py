@@ -183,7 +183,8 @@ class Composition:
 
             ray_trainer = self.config.trainer.backend == "ray_fsdp"
             workers = settings.trainer_workers if ray_trainer else 0
-            self._cluster = connect(settings, trainer_workers=workers)
+            replicas = self.config.engine.replicas if settings.engine_resource else 0
+            self._cluster = connect(settings, trainer_workers=workers, engine_replicas=replicas)
         return self._cluster
 
     def stages(

@@ -19,7 +19,9 @@ class ClusterConfig(Section):
     process. With an address, every rollout's runtime is a Ray actor on a node that offers
     `sandbox_resource`, and with `trainer.backend: ray_fsdp` the trainer is `trainer_workers`
     Ray actors on nodes that offer `trainer_resource` (FSDP2 over torch.distributed). The
-    sampling engine stays in this process (the Ray driver).
+    sampling engine stays in this process (the Ray driver) unless `engine_resource` is set: then
+    each of `engine.replicas` is a vLLM server started by a Ray actor on a node that offers it,
+    behind the session-aware router.
     """
 
     address: str | None = Field(
@@ -57,6 +59,24 @@ class ClusterConfig(Section):
         description="GPUs Ray reserves for each trainer worker (1 on a GPU cluster: the "
         "worker then trains on CUDA and the ranks talk over NCCL).",
     )
+    engine_resource: str | None = Field(
+        default=None,
+        min_length=1,
+        description="null: the engine lives in this process (the driver). A custom resource "
+        "name (e.g. 'engine'): each of engine.replicas (engine.kind 'vllm') is a vLLM server "
+        "in development mode, started and owned by a Ray actor that asks for one unit of it, "
+        "behind the session-aware router; weight versions go to RUN/weights, which every "
+        "engine node must read at the same path (a shared filesystem).",
+    )
+    engine_cpus_per_replica: float = Field(
+        default=1.0, ge=0, description="CPUs Ray reserves for each engine replica's actor."
+    )
+    engine_gpus_per_replica: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPUs Ray reserves for each engine replica (1 on a GPU cluster: Ray "
+        "gives the actor, and the server it starts, that GPU).",
+    )
     connect_timeout_s: float = Field(
         default=15.0,
         gt=0,
@@ -70,9 +90,9 @@ class ClusterConfig(Section):
         "before the run stops with one message, instead of waiting forever for a node.",
     )
 
-    @field_validator("sandbox_resource", "trainer_resource")
+    @field_validator("sandbox_resource", "trainer_resource", "engine_resource")
     @classmethod
-    def _custom_resource(cls, name: str) -> str:
+    def _custom_resource(cls, name: str | None) -> str | None:
         if name in ("CPU", "GPU", "memory", "object_store_memory"):
             raise ValueError(
                 f"{name!r} is one of Ray's own resources; name the custom resource the nodes "

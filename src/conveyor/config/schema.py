@@ -158,6 +158,23 @@ def _cluster_problems(config: "ConveyorConfig") -> list[str]:
             f"cluster.trainer_workers ({cluster.trainer_workers}) needs trainer.backend "
             f"'ray_fsdp' (trainer.backend {backend!r} trains in this process)"
         )
+    engine = config.engine
+    if cluster.engine_resource is not None:
+        if cluster.address is None:
+            problems.append(
+                f"cluster.engine_resource {cluster.engine_resource!r} places engine replicas "
+                "on a Ray cluster, but cluster.address is null (no Ray)"
+            )
+        if engine.kind != "vllm":
+            problems.append(
+                f"cluster.engine_resource starts vLLM servers on the cluster, which needs "
+                f"engine.kind 'vllm', not {engine.kind!r}"
+            )
+    elif engine.server_args and engine.replicas == 1:
+        problems.append(
+            "engine.server_args are arguments of the replica servers that engine.replicas > 1 "
+            "(or cluster.engine_resource) starts; with one in-process engine nothing reads them"
+        )
     if cluster.address is not None and config.dispatch.executor != "asyncio":
         problems.append(
             f"dispatch.executor {config.dispatch.executor!r} with cluster.address set: the "

@@ -64,8 +64,8 @@ class EngineConfig(Section):
     )
     server_args: list[str] = Field(
         default_factory=list,
-        description="engine.replicas > 1: extra command-line arguments of each replica's vLLM "
-        "server, e.g. ['--enable-log-requests'].",
+        description="engine.replicas > 1 (or cluster.engine_resource): extra command-line "
+        "arguments of each replica's vLLM server, e.g. ['--enable-log-requests'].",
     )
     served_model_name: str | None = Field(
         default=None,
@@ -155,11 +155,6 @@ class EngineConfig(Section):
                 f"engine.replicas={self.replicas} starts local vLLM servers, which needs "
                 f"engine.kind 'vllm', not {self.kind!r}; servers you run yourself go in "
                 "engine.base_urls (kind 'openai')"
-            )
-        if self.server_args and self.replicas == 1:
-            raise ValueError(
-                "engine.server_args are arguments of the replica servers that "
-                "engine.replicas > 1 starts; with one in-process engine nothing reads them"
             )
         return self
 

@@ -55,10 +55,13 @@ class RayCluster:
         self.owned = False
 
 
-def connect(settings: ClusterConfig, *, trainer_workers: int = 0) -> RayCluster:
+def connect(
+    settings: ClusterConfig, *, trainer_workers: int = 0, engine_replicas: int = 0
+) -> RayCluster:
     """This process as a driver of the cluster `settings.address` names (a fresh local Ray for
     'local'; the running session when Ray is already initialised), checked to offer the sandbox
-    resource and `trainer_workers` units of the trainer resource."""
+    resource, `trainer_workers` units of the trainer resource and `engine_replicas` units of the
+    engine resource."""
     if settings.address is None:
         raise ValueError("cluster.address is null: this run does not use Ray")
     ray = import_ray()
@@ -69,12 +72,14 @@ def connect(settings: ClusterConfig, *, trainer_workers: int = 0) -> RayCluster:
             resources = {settings.sandbox_resource: LOCAL_RESOURCE_UNITS}
             if trainer_workers:
                 resources[settings.trainer_resource] = float(trainer_workers)
+            if engine_replicas and settings.engine_resource is not None:
+                resources[settings.engine_resource] = float(engine_replicas)
             ray.init(resources=resources, include_dashboard=False)
         else:
             _join(ray, settings)
     cluster = RayCluster(ray, settings, owned)
     try:
-        check_resources(ray, settings, trainer_workers)
+        check_resources(ray, settings, trainer_workers, engine_replicas)
     except BaseException:
         cluster.shutdown()
         raise
@@ -122,11 +127,14 @@ def head_endpoint(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def check_resources(ray: Any, settings: ClusterConfig, trainer_workers: int = 0) -> None:
-    """`ClusterError` unless some node offers the sandbox resource, and the trainer resource,
-    CPUs and GPUs add up to what `trainer_workers` workers ask for (actors asking for what the
-    cluster does not have would pend forever). Totals, not per node: a worker that fits no
-    single node is caught by `cluster.start_timeout_s`."""
+def check_resources(
+    ray: Any, settings: ClusterConfig, trainer_workers: int = 0, engine_replicas: int = 0
+) -> None:
+    """`ClusterError` unless some node offers the sandbox resource, the trainer resource, CPUs
+    and GPUs add up to what `trainer_workers` workers ask for, and the engine resource to
+    `engine_replicas` units (actors asking for what the cluster does not have would pend
+    forever). Totals, not per node: an actor that fits no single node is caught by
+    `cluster.start_timeout_s`."""
     total = ray.cluster_resources()
     problems = []
     sandbox, trainer = settings.sandbox_resource, settings.trainer_resource
@@ -142,6 +150,21 @@ def check_resources(ray: Any, settings: ClusterConfig, trainer_workers: int = 0)
             f"{total.get(trainer, 0.0):g} units of '{trainer}' (one per worker): add trainer "
             "nodes (`--resources='{\"" + trainer + "\": N}'`), lower cluster.trainer_workers, "
             "or set cluster.trainer_resource"
+        )
+    engine = settings.engine_resource
+    if engine_replicas and engine is not None and total.get(engine, 0.0) < engine_replicas:
+        problems.append(
+            f"engine.replicas is {engine_replicas} but the nodes offer "
+            f"{total.get(engine, 0.0):g} units of '{engine}' (one per replica, "
+            "cluster.engine_resource): start engine nodes with `ray start --address=HEAD "
+            "--resources='{\"" + engine + "\": 1}'`, or lower engine.replicas"
+        )
+    gpus_wanted = engine_replicas * settings.engine_gpus_per_replica if engine else 0.0
+    gpus_wanted += trainer_workers * settings.trainer_gpus_per_worker
+    if engine_replicas and engine and gpus_wanted > total.get("GPU", 0.0):
+        problems.append(
+            f"the engine replicas and trainer workers ask for {gpus_wanted:g} GPUs in all, but "
+            f"the cluster has {total.get('GPU', 0.0):g}"
         )
     for kind, per_worker in (
         ("CPU", settings.trainer_cpus_per_worker),

