@@ -306,8 +306,8 @@ def test_two_rl_steps_on_a_four_node_cluster_equal_a_single_process_run(
                 arg
                 for item in [
                     *TWO_STEPS[:2],
-                    "tasks.num_tasks=2",
-                    "tasks.group_size=1",
+                    "tasks.num_tasks=1",  # the family's one eval instance, twice
+                    "tasks.group_size=2",
                     "agent.max_turns=2",
                     "agent.max_completion_tokens=48",
                     f"run.dir={tmp_path / 'eval'}",
