@@ -70,16 +70,27 @@ def _leftovers(folder: Path) -> list[str]:
 
 
 def _children() -> list[str]:
-    """Processes whose parent is this one (a sandbox command left running would be one)."""
+    """Processes whose parent is this one (a sandbox command left running would be one) that
+    were not there when the test began (`_children_before`): in a parallel worker an earlier
+    file may have left one (seen once in CI, the same pid in every test of this file)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid():
+        if int(fields[1]) == os.getpid() and stat.parent.name not in _BEFORE:
             found.append(stat.parent.name)
     return found
+
+
+_BEFORE: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before() -> None:
+    _BEFORE.clear()
+    _BEFORE.update(_children())
 
 
 @pytest.fixture

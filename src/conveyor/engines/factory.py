@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.config import ConveyorConfig
-from conveyor.engines.base import SamplingClient
+from conveyor.engines.base import EngineError, SamplingClient
 from conveyor.models import ModelError
 from conveyor.registry import ENGINES
 
@@ -77,13 +77,19 @@ def _local_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
 
 
 def _ray_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
-    from conveyor.dispatch.ray_cluster import connect
+    import ray
+
     from conveyor.engines.ray_replicas import start_ray_replicas
     from conveyor.engines.router import route
     from conveyor.engines.vllm_replicas import START_TIMEOUT_S
 
-    # the run's Ray session (`conveyor train`/`eval` joined it first), checked for engine nodes
-    connect(config.cluster, engine_replicas=config.engine.replicas)
+    if not ray.is_initialized():
+        # `conveyor train`/`eval` join the cluster first (`Composition.start_cluster`), which
+        # also checks that it has the engine nodes
+        raise EngineError(
+            "cluster.engine_resource places engine replicas on Ray, but this process has not "
+            "joined the cluster (cluster.address)"
+        )
     options = vllm_options(config)
     options.pop("request_timeout_s")
     clients = start_ray_replicas(
