@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from processes import alive, children_of
+
 SERVER = (
     "import subprocess, sys, time; "
     "core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
@@ -21,20 +23,11 @@ SERVER = (
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its parent) counts as gone
-    return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-
-
 def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 def test_the_server_and_its_children_end_when_the_owner_is_killed(tmp_path: Path) -> None:
@@ -53,12 +46,8 @@ def test_the_server_and_its_children_end_when_the_owner_is_killed(tmp_path: Path
         time.sleep(0.1)
     guard = int(Path(f"{pids}.guard").read_text())
     core = int(pids.read_text())
-    server = [
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and _ppid(int(p.name)) == guard
-    ]
-    assert len(server) == 1 and _alive(core)
+    server = children_of(guard)
+    assert len(server) == 1 and alive(core)
     try:
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
@@ -66,7 +55,7 @@ def test_the_server_and_its_children_end_when_the_owner_is_killed(tmp_path: Path
         assert _wait_gone([*server, core, guard], 20) == []
     finally:
         for pid in (*server, core, guard):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -95,11 +84,3 @@ def test_a_malformed_command_line_is_refused_with_its_usage() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "usage:" in done.stderr
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1])

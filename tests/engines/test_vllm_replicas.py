@@ -8,7 +8,6 @@ handling of real processes, not vLLM (tests/engines/test_router_vllm.py starts r
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,16 +17,7 @@ import pytest
 
 from conveyor.engines import vllm_replicas
 from conveyor.engines.base import EngineError
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose (its parent may not have reaped it yet)
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+from processes import alive
 
 
 def test_a_replica_that_exits_at_start_is_named_and_the_others_are_stopped(
@@ -72,7 +62,7 @@ def test_a_replica_that_exits_at_start_is_named_and_the_others_are_stopped(
     assert time.monotonic() - begin < 30  # noticed when it exited, not at the start timeout
     child = int((pids / "child").read_text())
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child)  # the whole process group of the other replica is gone
+    assert not alive(child)  # the whole process group of the other replica is gone
     assert not vllm_replicas._RUNNING

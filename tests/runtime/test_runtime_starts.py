@@ -24,6 +24,7 @@ from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.runtime.starts import RECENT_STARTS, RuntimeStarts, StartCounters
 from conveyor.tasks.executor import executor_available
 from conveyor.types import Task, ToolCall, Trajectory
+from processes import children_of
 
 AVAILABLE, WHY = executor_available(RuntimeConfig(kind="bubblewrap"))
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=f"no bubblewrap sandbox here: {WHY}")
@@ -73,15 +74,7 @@ def _children() -> list[str]:
     """Processes whose parent is this one (a sandbox command left running would be one) that
     were not there when the test began (`_children_before`): in a parallel worker an earlier
     file may have left one (seen once in CI, the same pid in every test of this file)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and stat.parent.name not in _BEFORE:
-            found.append(stat.parent.name)
-    return found
+    return [str(pid) for pid in children_of(os.getpid()) if str(pid) not in _BEFORE]
 
 
 _BEFORE: set[str] = set()
