@@ -60,13 +60,10 @@ def _local_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     from conveyor.engines.router import route
     from conveyor.engines.vllm_replicas import start_replicas
 
-    options = vllm_options(config)
-    options.pop("request_timeout_s")
     clients = start_replicas(
         model_dir,
         config.engine.replicas,
-        **options,
-        extra_args=list(config.engine.server_args),
+        **_server_settings(config),
         client_options=_http_options(config),
     )
     return route(
@@ -90,17 +87,23 @@ def _ray_replicas(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
             "cluster.engine_resource places engine replicas on Ray, but this process has not "
             "joined the cluster (cluster.address)"
         )
-    options = vllm_options(config)
-    options.pop("request_timeout_s")
     clients = start_ray_replicas(
         model_dir,
         config.engine.replicas,
         config.cluster,
-        settings={**options, "extra_args": list(config.engine.server_args)},
+        settings=_server_settings(config),
         client_options=_http_options(config),
         start_timeout_s=START_TIMEOUT_S,
     )
     return route(clients, [c.base_url for c in clients], logs=[c.log for c in clients])
+
+
+def _server_settings(config: ConveyorConfig) -> dict[str, Any]:
+    """What each replica server is started with (local or on Ray): the in-process engine's
+    settings, less the client's request timeout, plus `engine.server_args`."""
+    options = vllm_options(config)
+    options.pop("request_timeout_s")
+    return {**options, "extra_args": list(config.engine.server_args)}
 
 
 def vllm_options(config: ConveyorConfig) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class EngineReplicaHost:
         except BaseException:
             self.server.stop()
             raise
-        return {"url": self.server.url, "log": f"{host}:{log}", "pid": str(self.server.pid)}
+        return {"url": self.server.url, "log": f"{host}:{log}"}
 
     def stop(self) -> None:
         """Stop the server (its whole process group); idempotent."""
