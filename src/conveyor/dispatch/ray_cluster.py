@@ -159,16 +159,17 @@ def check_resources(
             "cluster.engine_resource): start engine nodes with `ray start --address=HEAD "
             "--resources='{\"" + engine + "\": 1}'`, or lower engine.replicas"
         )
-    gpus_wanted = engine_replicas * settings.engine_gpus_per_replica if engine else 0.0
-    gpus_wanted += trainer_workers * settings.trainer_gpus_per_worker
-    if engine_replicas and engine and gpus_wanted > total.get("GPU", 0.0):
+    engine_gpus = engine_replicas * settings.engine_gpus_per_replica if engine else 0.0
+    gpus_wanted = engine_gpus + trainer_workers * settings.trainer_gpus_per_worker
+    if engine_gpus and gpus_wanted > total.get("GPU", 0.0):
         problems.append(
             f"the engine replicas and trainer workers ask for {gpus_wanted:g} GPUs in all, but "
             f"the cluster has {total.get('GPU', 0.0):g}"
         )
     for kind, per_worker in (
         ("CPU", settings.trainer_cpus_per_worker),
-        ("GPU", settings.trainer_gpus_per_worker),
+        # the trainer's GPUs alone, unless the engine's were counted with them above
+        ("GPU", 0.0 if engine_gpus else settings.trainer_gpus_per_worker),
     ):
         wanted = trainer_workers * per_worker
         if wanted and total.get(kind, 0.0) < wanted:
