@@ -13,6 +13,7 @@ name lives. Anything unexpected (an unknown key, a wrong type, a key given twice
 
 import difflib
 import json
+import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,14 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+# YAML 1.1 (PyYAML) reads `1e-4` and `2E5` as text: its floats need a dot and a signed
+# exponent. Learning rates are written that way (`--set trainer.lr=1e-4`), so numbers in the
+# YAML 1.2 form are floats here too (the class keeps its own copy of the resolvers).
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
 )
 
 
