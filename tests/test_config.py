@@ -412,6 +412,20 @@ def test_weight_probe_tolerance_is_a_config_key_and_must_be_positive() -> None:
         load_config(None, ["engine.weight_probe_tolerance=0"])
 
 
+def test_trainer_train_seed_is_read_as_trainer_seed(tmp_path: Path) -> None:
+    # the RL-headroom protocol's contract names the trainer's seed `trainer.train_seed`
+    resolved = load_config(None, ["trainer.train_seed=3"])
+    assert resolved.config.trainer.seed == 3 and resolved.sources["trainer.seed"] == "--set"
+    path = write(tmp_path, "trainer:\n  train_seed: 2\n")
+    assert load_config(path).config.trainer.seed == 2
+    assert load_config(path, ["trainer.train_seed=5"]).config.trainer.seed == 5
+    both = write(tmp_path, "trainer:\n  train_seed: 2\n  seed: 1\n", "both.yaml")
+    with pytest.raises(
+        ConfigError, match=r"'trainer\.train_seed' and 'trainer\.seed' .* are one key"
+    ):
+        load_config(both)
+
+
 @pytest.mark.parametrize(
     ("old", "new"),
     [("train.steps=3", "rl.steps"), ("trainer.train_dtype=bfloat16", "trainer.dtype")],

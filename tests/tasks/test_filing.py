@@ -18,7 +18,7 @@ from conveyor.app.compose import Composition
 from conveyor.app.train import warm_start_samples
 from conveyor.config import load_config
 from conveyor.tasks.filenav import FACT_KINDS
-from conveyor.tasks.filing import DOC_NAMES, RULE, FilingFamily
+from conveyor.tasks.filing import CURRENT, DOC_NAMES, FilingFamily
 from conveyor.types import Task, ToolCall
 
 T = TypeVar("T")
@@ -54,31 +54,57 @@ def kind_asked(task: Task) -> int:
     return index
 
 
-def test_every_folder_files_each_kind_of_fact_by_the_rule_the_prompt_never_states() -> None:
+def test_the_named_folder_states_the_fact_three_times_and_its_notes_hold_the_current_value() -> (
+    None
+):
     for task in TASKS[:50]:
         files: dict[str, str] = task.data["files"]
-        for path, text in files.items():
-            name = posixpath.basename(path)
-            for index, doc in RULE.items():
-                statement = re.escape(FACT_KINDS[index].statement)
-                pattern = statement.replace(r"\{key\}", r"\S+").replace(r"\{value\}", r"\S+")
-                facts = [line for line in text.splitlines() if re.fullmatch(f"- {pattern}", line)]
-                if name in DOC_NAMES[doc] and path.count("/") == 4:
-                    assert len(facts) == 1, (path, text)
-                else:
-                    assert facts == [], (path, text)
-        # the target is the rule's document in the named folder, and it states the answer
+        kind = FACT_KINDS[kind_asked(task)]
+        key = re.search(
+            kind.question.replace("{key}", r"(\S+)").replace("?", r"\?"), task.prompt[-1]["content"]
+        )
+        assert key is not None
+        statement = (
+            re.escape(kind.statement).replace(r"\{key\}", r"(\S+)").replace(r"\{value\}", r"(\S+)")
+        )
         target = task.data["target"]
-        assert posixpath.basename(target) in DOC_NAMES[RULE[kind_asked(task)]]
-        assert task.data["answer"] in files[target]
-        assert target in task.data["documents"] and len(task.data["documents"]) == 3
-        for path, value in task.data["documents"].items():
-            assert value in files[path]
-        # the question names the folder, never the document or the rule
+        folder = posixpath.dirname(target)
+        stated: dict[str, tuple[str, str]] = {}
+        for path, text in files.items():
+            facts = [
+                m.groups()
+                for line in text.splitlines()
+                if (m := re.fullmatch(f"- {statement}", line))
+            ]
+            assert len(facts) <= 1, (path, text)
+            if facts:
+                stated[path] = facts[0]
+        # the named folder: the notes, the log and the README each state the asked key, each
+        # with a value of its own; the notes' is the answer
+        in_folder = {p: v for p, v in stated.items() if posixpath.dirname(p) == folder}
+        assert sorted(in_folder) == sorted(task.data["documents"])
+        kinds = sorted(
+            next(doc for doc, names in DOC_NAMES.items() if posixpath.basename(p) in names)
+            for p in in_folder
+        )
+        assert kinds == ["log", "notes", "readme"]
+        assert {k for k, _ in in_folder.values()} == {key.group(1)}
+        values = [v for _, v in in_folder.values()]
+        assert len(set(values)) == 3
+        assert posixpath.basename(target) in DOC_NAMES[CURRENT]
+        assert in_folder[target][1] == task.data["answer"]
+        assert task.data["documents"] == {p: v for p, (_, v) in in_folder.items()}
+        # elsewhere, other keys; every value but the answer is a distractor
+        assert all(k != key.group(1) for p, (k, _) in stated.items() if p not in in_folder)
+        assert sorted(task.data["distractors"] + [task.data["answer"]]) == sorted(
+            v for _, v in stated.values()
+        )
+        # the question names the folder, never the document or the rule; nor does the system
         question = task.prompt[-1]["content"]
-        assert not re.search(r"notes|log|readme|about", question, re.IGNORECASE), question
+        assert not re.search(r"notes|log|readme|about|current", question, re.IGNORECASE), question
         system = task.prompt[0]["content"]
         assert "notes" not in system.lower() and "log" not in system.lower().replace("logy", "")
+        assert "current" not in system.lower() and "stale" not in system.lower()
 
 
 def test_the_oracle_solves_and_demonstrations_are_right_by_chance_only() -> None:
@@ -91,23 +117,29 @@ def test_the_oracle_solves_and_demonstrations_are_right_by_chance_only() -> None
     )
     assert set(read) == {0, 1, 2} and min(read.values()) > 70
     assert 0.25 < sum(scores) / len(scores) < 0.42
-    # and never carries the rule: which document it reads is independent of the kind asked
+    # and never carries the rule, for any kind of fact asked
     per_kind = Counter(
         (kind_asked(t), FAMILY.demonstration_calls(t)[1].arguments["path"] == t.data["target"])
         for t in TASKS
     )
-    for index in RULE:
+    for index in range(3):
         right, wrong = per_kind[(index, True)], per_kind[(index, False)]
         assert 0.15 < right / (right + wrong) < 0.5, (index, right, wrong)
 
 
 @pytest.mark.parametrize(
     "attack",
-    ["every value in the folder", "the value of another document", "the answer and a neighbour"],
+    [
+        "every value in the folder",
+        "the value of another document",
+        "the answer and a neighbour",
+        "every value in the tree",
+    ],
 )
 def test_guessing_attacks_earn_nothing(attack: str) -> None:
     """A policy that wants the reward without finding the rule: it reads every document of the
-    folder and submits all their values, or the wrong one, or hedges with two."""
+    folder and submits all their values, or a stale one, or hedges with two, or names every
+    value of the tree."""
     for task in TASKS[:30]:
         values = list(task.data["documents"].values())
         others = [v for v in values if v != task.data["answer"]]
@@ -115,6 +147,7 @@ def test_guessing_attacks_earn_nothing(attack: str) -> None:
             "every value in the folder": " ".join(values),
             "the value of another document": others[0],
             "the answer and a neighbour": f"{task.data['answer']} or {others[1]}",
+            "every value in the tree": ", ".join([*task.data["distractors"], task.data["answer"]]),
         }[attack]
         calls = [
             *FAMILY.oracle_calls(task)[:2],

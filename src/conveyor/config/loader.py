@@ -73,7 +73,6 @@ RENAMED: dict[str, str] = {
     "train": "rl",
     "trainer.train_dtype": "trainer.dtype",
     "trainer.train_device": "trainer.device",
-    "trainer.train_seed": "trainer.seed",
     "trainer.adam_betas": "trainer.betas",
     "trainer.adam_eps": "trainer.eps",
     "trainer.lr_schedule": "trainer.schedule",
@@ -83,6 +82,11 @@ RENAMED: dict[str, str] = {
     "trainer.lora.lora_dropout": "trainer.lora.dropout",
     "trainer.lora.lora_target_modules": "trainer.lora.target_modules",
 }
+
+
+# Other names a key is read by (same section). `trainer.train_seed` is the name the RL-headroom
+# protocol's contract gives the trainer's seed (issue 19: `--set trainer.train_seed=S`).
+ALIASES: dict[str, str] = {"trainer.train_seed": "trainer.seed"}
 
 
 def _suggest(key: str) -> str | None:
@@ -190,6 +194,15 @@ def _check_keys(
     """Reject unknown keys and non-mapping sections of a file; record the leaves it sets."""
     for name in list(data):
         key = f"{prefix}{name}"
+        if key in ALIASES:
+            real = ALIASES[key].rsplit(".", 1)[-1]
+            if real in data:
+                raise ConfigError(
+                    f"config keys '{key}' and '{ALIASES[key]}' (from {source}) are one key; "
+                    "give it once."
+                )
+            data[real] = data.pop(name)
+            name, key = real, ALIASES[key]
         field = model.model_fields.get(name) if isinstance(name, str) else None
         if field is None:
             raise _unknown_key(key, source, model)
@@ -219,7 +232,7 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
     """Set one ``dotted.key=value`` override into the raw config mapping."""
     source = "--set"
     key, sep, text = override.partition("=")
-    key = key.strip()
+    key = ALIASES.get(key.strip(), key.strip())
     if not sep or not key:
         raise ConfigError(
             f"override '{override}' is not of the form dotted.key=value "

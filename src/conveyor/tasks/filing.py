@@ -1,18 +1,23 @@
-"""Filing: find a fact in a folder whose filing rule the agent is never told (RL's headroom task).
+"""Filing: find a fact that three documents disagree on, kept current in one by an unstated
+rule (RL's headroom task).
 
 The workspace is filenav's (/workspace/<group>/<name>/<file>, `list_dir`, `read_file`,
-`finish`), with one rule the prompt never states: every folder files each kind of fact in one
-kind of document — access codes in the notes, server ports in the log, wifi passwords in the
-README. The question names the folder only ("What is the access code for vault C? It is filed
-under project alpha."), and the folder holds all three documents, each with a fact of its own
-kind, so reading the wrong one gives a well-formed wrong answer.
+`finish`), with one rule the prompt never states: every folder keeps its facts current in its
+notes; its log and its README state the same facts with values that have since changed. The
+question names the folder only ("What is the access code for vault C? It is filed under
+project alpha."), and the folder's notes, log and README each state that fact with a value of
+its own, so reading the wrong one gives a well-formed wrong answer, and nothing in the text
+says which is current.
 
 The warm start imitates `demonstration_calls`: list the folder, read one of its three fact
-documents chosen at random, submit the fact found there. Those traces teach the tool format and
+documents chosen at random, submit the value found there. Those traces teach the tool format and
 the shape of the plan; they do not teach the rule (a third of them are right, by chance). The
 rule is what RL has to find from the reward, which is what makes this family the protocol's
-test of RL's own share (issue 19, docs/algorithms.md). A policy may also read every document
-and pick the matching line; that earns the reward too.
+test of RL's own share (issue 19, docs/algorithms.md).
+
+An earlier rule filed each kind of fact in its own kind of document (codes in the notes, ports
+in the log, passwords in the README): a choice conditioned on the question, which 12 GRPO steps
+of 32 samples did not move on the 135M model (RL's share -1.0 points, docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ from conveyor.types import Task, ToolCall
 
 ROOT = SimulatedRuntime.root
 
-# The filing rule: fact kind (index into FACT_KINDS) -> the document kind that holds it, and the
-# names that document kind may have in a folder.
-RULE: dict[int, str] = {0: "notes", 1: "log", 2: "readme"}
+# The documents that state the asked fact in a folder, and the names each may have. The rule:
+# the notes hold the current value; the log and the README hold stale ones.
+CURRENT = "notes"
 DOC_NAMES: dict[str, list[str]] = {
     "notes": ["notes.txt", "meeting-notes.txt", "notes.md"],
     "log": ["log.txt", "changes.log", "server.log"],
@@ -69,21 +74,24 @@ def _document(kind: str, title: str, fact: str, rng: random.Random) -> str:
     return f"{_HEADINGS[kind]}: {title}\n" + "".join(f"- {line}\n" for line in lines)
 
 
+def _values(kind: FactKind, n: int, rng: random.Random) -> list[str]:
+    values: list[str] = []
+    while len(values) < n:
+        value = kind.value(rng)
+        if value not in values:
+            values.append(value)
+    return values
+
+
 def _draw_puzzle(rng: random.Random) -> _Puzzle:
     pairs = [(group, name) for group, (_, names) in GROUPS.items() for name in names]
     folders = rng.sample(pairs, rng.randint(3, 5))
-    asked = rng.choice(sorted(RULE))
-    # Per fact kind: distinct keys and values, one per folder (the target folder's come first).
-    drawn: dict[int, list[tuple[str, str]]] = {}
-    for index in RULE:
-        kind: FactKind = FACT_KINDS[index]
-        keys = rng.sample(kind.keys, len(folders))
-        values: list[str] = []
-        while len(values) < len(folders):
-            value = kind.value(rng)
-            if value not in values:
-                values.append(value)
-        drawn[index] = list(zip(keys, values, strict=True))
+    asked = rng.randrange(3)
+    kind: FactKind = FACT_KINDS[asked]
+    # The asked key: its current value and two stale ones, all in the named folder. The other
+    # folders state other keys of the same kind, once per document (their own values).
+    keys = rng.sample(kind.keys, len(folders))
+    values = _values(kind, 3 + 3 * (len(folders) - 1), rng)
 
     files: dict[str, str] = {}
     target = ""
@@ -91,44 +99,43 @@ def _draw_puzzle(rng: random.Random) -> _Puzzle:
     for slot, (group, name) in enumerate(folders):
         title = f"{GROUPS[group][0]} {name}"
         folder = f"{ROOT}/{group}/{name}"
-        for index, doc in RULE.items():
-            key, value = drawn[index][slot]
+        for offset, doc in enumerate(DOC_NAMES):
             path = f"{folder}/{rng.choice(DOC_NAMES[doc])}"
-            statement = FACT_KINDS[index].statement.format(key=key, value=value)
+            value = values[3 * slot + offset]
+            statement = kind.statement.format(key=keys[slot], value=value)
             files[path] = _document(doc, title, statement, rng)
             if slot == 0:
                 documents[path] = value
-                if index == asked:
+                if doc == CURRENT:
                     target = path
-        for doc in rng.sample(sorted(OTHER_DOCS), rng.randint(0, 2)):
-            path = f"{folder}/{rng.choice(OTHER_DOCS[doc])}"
+        for other in rng.sample(sorted(OTHER_DOCS), rng.randint(0, 2)):
+            path = f"{folder}/{rng.choice(OTHER_DOCS[other])}"
             files[path] = "".join(f"- {item}\n" for item in rng.sample(_TODOS, 2))
     groups = sorted({group for group, _ in folders})
     files[f"{ROOT}/README.md"] = "Shared workspace. Folders: " + ", ".join(groups) + ".\n"
 
-    key, answer = drawn[asked][0]
     group, name = folders[0]
-    question = (
-        f"{FACT_KINDS[asked].question.format(key=key)} It is filed under {GROUPS[group][0]} {name}."
-    )
-    distractors = [value for index in RULE for _, value in drawn[index] if value != answer]
+    question = f"{kind.question.format(key=keys[0])} It is filed under {GROUPS[group][0]} {name}."
+    answer = values[0]
     return _Puzzle(
         question,
         dict(sorted(files.items())),
         target,
         answer,
-        distractors,
+        [value for value in values if value != answer],
         dict(sorted(documents.items())),
     )
 
 
 @register_family
 class FilingFamily(FileNavFamily):
-    """Find a fact filed by an unstated rule; filenav's tools, runtime, scorer and oracle.
+    """Find the current value of a fact by an unstated rule; filenav's tools, runtime, scorer
+    and oracle.
 
-    `Task.data`: `files`, `target` (the document the rule files the fact in), `answer`,
-    `distractors` (every other fact value in the tree) and `documents` (the target folder's
-    three fact documents, each with the value of its fact, in listing order).
+    `Task.data`: `files`, `target` (the named folder's notes, where the rule keeps the fact
+    current), `answer`, `distractors` (every other value in the tree, the stale ones included)
+    and `documents` (the named folder's three documents that state the fact, each with the
+    value it states, in listing order).
     """
 
     name = "filing"
@@ -162,8 +169,9 @@ class FilingFamily(FileNavFamily):
         ]
 
     def demonstration_calls(self, task: Task) -> list[ToolCall]:
-        """What the warm start imitates: list the folder, read one of its three fact documents
-        (chosen by a hash of the task, so a third are the right one), submit its fact."""
+        """What the warm start imitates: list the folder, read one of the three documents that
+        state the fact (chosen by a hash of the task, so a third are the notes), submit the value
+        read there."""
         documents: dict[str, str] = task.data["documents"]
         rng = random.Random(f"{self.name}/demonstration/{task.id}/{task.data['answer']}")
         read = rng.choice(sorted(documents))
