@@ -170,8 +170,8 @@ def live(table: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.slow
 def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) -> None:
     """Head and one trainer node, no node with `sandbox` nor `engine`: `conveyor train` says
-    so, with the trainer shortfall, before the engine starts; nothing is left running on the
-    cluster."""
+    so, with the trainer and CPU shortfalls, before the engine starts; nothing is left running
+    on the cluster."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -190,6 +190,7 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
             *("--set", "trainer.backend=ray_fsdp"),
             *("--set", "cluster.trainer_workers=3"),
             *("--set", "cluster.engine_resource=engine"),
+            *("--set", "cluster.engine_cpus_per_replica=2"),
             *("--set", f"run.dir={run_dir}"),
         )
         elapsed = time.monotonic() - started
@@ -198,8 +199,10 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         assert len(errors) == 1, result.stderr[-3000:]
         assert "cannot host this run: no node offers the resource 'sandbox'" in errors[0]
         assert "cluster.trainer_workers is 3 but the nodes offer 2 units of 'trainer'" in errors[0]
+        # the engine replica's CPUs and the trainer workers' together
         assert (
-            "3 trainer workers x cluster.trainer_cpus_per_worker 1 = 3 CPUs, but the " in errors[0]
+            "1 engine replicas x cluster.engine_cpus_per_replica 2 + 3 trainer workers x "
+            "cluster.trainer_cpus_per_worker 1 = 5 CPUs, but the cluster has 2" in errors[0]
         )
         assert "engine.replicas is 1 but the nodes offer 0 units of 'engine'" in errors[0]
         assert "trainer: 2" in errors[0]  # the nodes it saw

@@ -159,24 +159,26 @@ def check_resources(
             "cluster.engine_resource): start engine nodes with `ray start --address=HEAD "
             "--resources='{\"" + engine + "\": 1}'`, or lower engine.replicas"
         )
-    engine_gpus = engine_replicas * settings.engine_gpus_per_replica if engine else 0.0
-    gpus_wanted = engine_gpus + trainer_workers * settings.trainer_gpus_per_worker
-    if engine_gpus and gpus_wanted > total.get("GPU", 0.0):
-        problems.append(
-            f"the engine replicas and trainer workers ask for {gpus_wanted:g} GPUs in all, but "
-            f"the cluster has {total.get('GPU', 0.0):g}"
-        )
-    for kind, per_worker in (
-        ("CPU", settings.trainer_cpus_per_worker),
-        # the trainer's GPUs alone, unless the engine's were counted with them above
-        ("GPU", 0.0 if engine_gpus else settings.trainer_gpus_per_worker),
+    # CPUs and GPUs: the engine replicas' (when they are actors) and the trainer workers' together
+    replicas = engine_replicas if engine is not None else 0
+    for kind, per_replica, per_worker in (
+        ("CPU", settings.engine_cpus_per_replica, settings.trainer_cpus_per_worker),
+        ("GPU", settings.engine_gpus_per_replica, settings.trainer_gpus_per_worker),
     ):
-        wanted = trainer_workers * per_worker
+        unit = kind.lower()
+        parts = [
+            f"{count} {who} x cluster.{key}_{unit}s_per_{each} {per:g}"
+            for count, who, key, each, per in (
+                (replicas, "engine replicas", "engine", "replica", per_replica),
+                (trainer_workers, "trainer workers", "trainer", "worker", per_worker),
+            )
+            if count and per
+        ]
+        wanted = replicas * per_replica + trainer_workers * per_worker
         if wanted and total.get(kind, 0.0) < wanted:
             problems.append(
-                f"{trainer_workers} trainer workers x cluster.trainer_{kind.lower()}s_per_worker "
-                f"{per_worker:g} = {wanted:g} {kind}s, but the cluster has "
-                f"{total.get(kind, 0.0):g}"
+                " + ".join(parts)
+                + f" = {wanted:g} {kind}s, but the cluster has {total.get(kind, 0.0):g}"
             )
     if problems:
         raise ClusterError(
