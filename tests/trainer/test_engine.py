@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_llama import random_batch, save_tiny_llama
 
-from conveyor.config import LossConfig, TrainerConfig
+from conveyor.config import ConfigError, LossConfig, TrainerConfig
 from conveyor.trainer import losses
 from conveyor.trainer.backend import TrainBatch, TrainingBackend, logprob_agreement
 from conveyor.trainer.engine import (
@@ -483,3 +483,39 @@ def test_weight_fingerprint_digests_named_exports_in_their_dtype_and_probes_at_t
     assert got.probe_logprobs == pytest.approx(at_one, abs=1e-6)
     assert got.probe_logprobs != pytest.approx(at_07, abs=1e-3)
     assert got.probe_logprobs[0] == 0.0 and got.policy_version == e.policy_version
+
+
+@pytest.mark.parametrize(
+    ("sets", "warm_start_trains", "rl_trains"),
+    [
+        (["trainer.train_last_layers=1"], "top", "top"),  # the warm start inherits by default
+        (["trainer.train_last_layers=1", "rl.sft_train_last_layers=all"], "all", "top"),
+        (["rl.sft_train_last_layers=1"], "top", "all"),
+    ],
+)
+def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
+    tiny: Path, sets: list[str], warm_start_trains: str, rl_trains: str
+) -> None:
+    """Through the config loader and the real engine on a two-block model."""
+    from conveyor.app.train import warm_start_settings
+    from conveyor.config import load_config
+
+    config = load_config(None, [*sets, "trainer.device=cpu", "rl.sft_lr=3.0e-4"]).config
+    everything = {n for n, _ in TorchTrainingEngine(tiny, config.trainer).model.named_parameters()}
+
+    def trained(settings: TrainerConfig) -> str:
+        names = {
+            n
+            for n, p in TorchTrainingEngine(tiny, settings).model.named_parameters()
+            if p.requires_grad
+        }
+        if names == everything:
+            return "all"
+        assert names and all(n.startswith(("model.layers.1.", "model.norm.")) for n in names)
+        return "top"
+
+    warm = warm_start_settings(config)
+    assert warm.lr == 3e-4 and not warm.loss.tis
+    assert (trained(warm), trained(config.trainer)) == (warm_start_trains, rl_trains)
+    with pytest.raises(ConfigError, match=r"rl\.sft_train_last_layers"):
+        load_config(None, ["rl.sft_train_last_layers=0"])

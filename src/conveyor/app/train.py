@@ -23,7 +23,14 @@ from typing import Any
 
 from conveyor.app.compose import Composition, make_run_dir
 from conveyor.app.reports import eval_report, paired_comparison, wilson_interval
-from conveyor.config import ConfigError, ResolvedConfig, SamplingConfig, config_to_yaml
+from conveyor.config import (
+    ConfigError,
+    ConveyorConfig,
+    ResolvedConfig,
+    SamplingConfig,
+    TrainerConfig,
+    config_to_yaml,
+)
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.loop import StepRecord
 from conveyor.types import Status, Task, TrainingSample, Trajectory
@@ -149,6 +156,21 @@ async def warm_start_samples(parts: Composition) -> tuple[list[TrainingSample], 
     )
 
 
+def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
+    """The trainer's settings for the warm start: its learning rate, the blocks it trains
+    (`rl.sft_train_last_layers`), and no truncated importance sampling (its samples are the
+    demonstrations, not the engine's)."""
+    train = config.rl
+    last = train.sft_train_last_layers
+    update: dict[str, Any] = {
+        "lr": train.sft_lr,
+        "loss": config.trainer.loss.model_copy(update={"tis": False}),
+    }
+    if last is not None:
+        update["train_last_layers"] = None if last == "all" else last
+    return config.trainer.model_copy(update=update)
+
+
 async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     """Supervised fine-tuning on oracle traces (or a family's demonstrations); returns the
     exported `sft_model` folder."""
@@ -159,10 +181,7 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     train = config.rl
     samples, said = await warm_start_samples(parts)
     say(said)
-    settings = config.trainer.model_copy(
-        update={"lr": train.sft_lr, "loss": config.trainer.loss.model_copy(update={"tis": False})}
-    )
-    backend = parts.trainer(model_dir, settings)
+    backend = parts.trainer(model_dir, warm_start_settings(config))
     size = train.sft_batch_size
     log = run_dir / "sft_metrics.jsonl"
     # A warm start killed before its `sft_model` was published runs again from its first step.

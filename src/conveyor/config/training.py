@@ -5,7 +5,7 @@ These classes are what the trainer itself takes (`TorchTrainingEngine(model_dir,
 The math is in docs/algorithms.md.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -216,6 +216,13 @@ class RLConfig(Section):
     sft_tasks: int = Field(default=64, gt=0, description="Oracle traces per family for SFT.")
     sft_batch_size: int = Field(default=16, gt=0, description="Oracle traces per SFT update.")
     sft_lr: float = Field(default=1e-4, ge=0, description="Learning rate of the warm start.")
+    sft_train_last_layers: Annotated[int, Field(ge=1)] | Literal["all"] | None = Field(
+        default=None,
+        description="Decoder blocks the warm start trains, from the top: N, or 'all' (full "
+        "fine-tuning); null: what trainer.train_last_layers says. A warm start must teach the "
+        "plan, not only the format: on the 135M model the top 4 blocks learned the tool "
+        "format but answered without reading (docs/algorithms.md).",
+    )
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
     wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
