@@ -13,11 +13,8 @@ The warm start imitates `demonstration_calls`: list the folder, read one of its 
 documents chosen at random, submit the value found there. Those traces teach the tool format and
 the shape of the plan; they do not teach the rule (a third of them are right, by chance). The
 rule is what RL has to find from the reward, which is what makes this family the protocol's
-test of RL's own share (issue 19, docs/algorithms.md).
-
-An earlier rule filed each kind of fact in its own kind of document (codes in the notes, ports
-in the log, passwords in the README): a choice conditioned on the question, which 12 GRPO steps
-of 32 samples did not move on the 135M model (RL's share -1.0 points, docs/algorithms.md).
+test of RL's own share (issue 19; docs/algorithms.md says why the rule is one rule for every
+question and not one per kind of fact).
 """
 
 from __future__ import annotations
