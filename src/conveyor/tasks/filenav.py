@@ -80,6 +80,15 @@ class FactKind:
     keys: list[str]
     value: Callable[[random.Random], str]
 
+    def distinct_values(self, n: int, rng: random.Random) -> list[str]:
+        """`n` different values, drawn in order (a repeat is drawn again)."""
+        values: list[str] = []
+        while len(values) < n:
+            value = self.value(rng)
+            if value not in values:
+                values.append(value)
+        return values
+
 
 FACT_KINDS = [
     FactKind(
@@ -138,11 +147,7 @@ def _draw_puzzle(rng: random.Random) -> _Puzzle:
     kind = rng.choice(FACT_KINDS)
     # One key per fact-bearing slot; the first key and value belong to the target.
     keys = rng.sample(kind.keys, min(len(kind.keys), 4))
-    values: list[str] = []
-    while len(values) < len(keys):
-        value = kind.value(rng)
-        if value not in values:
-            values.append(value)
+    values = kind.distinct_values(len(keys), rng)
     target_folder = folders[0]
     target_doc = rng.choice(_FACT_DOCS)
 

@@ -71,15 +71,6 @@ def _document(kind: str, title: str, fact: str, rng: random.Random) -> str:
     return f"{_HEADINGS[kind]}: {title}\n" + "".join(f"- {line}\n" for line in lines)
 
 
-def _values(kind: FactKind, n: int, rng: random.Random) -> list[str]:
-    values: list[str] = []
-    while len(values) < n:
-        value = kind.value(rng)
-        if value not in values:
-            values.append(value)
-    return values
-
-
 def _draw_puzzle(rng: random.Random) -> _Puzzle:
     pairs = [(group, name) for group, (_, names) in GROUPS.items() for name in names]
     folders = rng.sample(pairs, rng.randint(3, 5))
@@ -88,7 +79,7 @@ def _draw_puzzle(rng: random.Random) -> _Puzzle:
     # The asked key: its current value and two stale ones, all in the named folder. The other
     # folders state other keys of the same kind, once per document (their own values).
     keys = rng.sample(kind.keys, len(folders))
-    values = _values(kind, 3 + 3 * (len(folders) - 1), rng)
+    values = kind.distinct_values(3 * len(folders), rng)
 
     files: dict[str, str] = {}
     target = ""
