@@ -491,6 +491,9 @@ def test_weight_fingerprint_digests_named_exports_in_their_dtype_and_probes_at_t
         (["trainer.train_last_layers=1"], "top", "top"),  # the warm start inherits by default
         (["trainer.train_last_layers=1", "rl.sft_train_last_layers=all"], "all", "top"),
         (["rl.sft_train_last_layers=1"], "top", "all"),
+        # `all` is full fine-tuning: a LoRA run's warm start trains every weight, no adapters
+        (["trainer.lora.enabled=true", "rl.sft_train_last_layers=all"], "all", "lora"),
+        (["trainer.lora.enabled=true"], "lora", "lora"),
     ],
 )
 def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
@@ -501,7 +504,10 @@ def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
     from conveyor.config import load_config
 
     config = load_config(None, [*sets, "trainer.device=cpu", "rl.sft_lr=3.0e-4"]).config
-    everything = {n for n, _ in TorchTrainingEngine(tiny, config.trainer).model.named_parameters()}
+    plain = config.trainer.model_copy(
+        update={"lora": config.trainer.lora.model_copy(update={"enabled": False})}
+    )
+    everything = {n for n, _ in TorchTrainingEngine(tiny, plain).model.named_parameters()}
 
     def trained(settings: TrainerConfig) -> str:
         names = {
@@ -511,6 +517,8 @@ def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
         }
         if names == everything:
             return "all"
+        if names and all("lora_" in n for n in names):
+            return "lora"
         assert names and all(n.startswith(("model.layers.1.", "model.norm.")) for n in names)
         return "top"
 

@@ -71,3 +71,35 @@ def test_quickstart_smoke_writes_the_contract_files(tmp_path: Path, model_dir: P
     assert again.returncode == 0, again.stderr[-4000:]
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1]
+
+
+def test_an_lr0_arm_reuses_the_warm_start_through_the_cli(tmp_path: Path, model_dir: Path) -> None:
+    """`rl.warm_start_from`: the arm trains no warm start of its own, starts RL from the source's
+    `sft_model/` (byte for byte) and pairs its RL share on the source's warm-start evaluation."""
+    source = tmp_path / "source"
+    first = train(f"run.dir={source}")
+    assert first.returncode == 0, first.stderr[-4000:]
+    arm = tmp_path / "lr0"
+    result = train(f"run.dir={arm}", f"rl.warm_start_from={source}", "trainer.lr=0")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"warm start: reused from {source}" in result.stdout
+    assert "warm start step" not in result.stdout  # no training of its own
+    same = ("sft_model/model.safetensors", "eval_after_sft.json", "eval_before.json")
+    for name in same:
+        assert (arm / name).read_bytes() == (source / name).read_bytes(), name
+    summary = json.loads((arm / "summary.json").read_text())
+    assert "sft_s" not in summary["timings"]
+    assert summary["rl_share"]["n"] == 2
+    # lr 0: RL moved no weight, so the final model is the warm start's.
+    from safetensors.torch import load_file
+
+    warm = load_file(str(source / "sft_model" / "model.safetensors"))
+    final = load_file(str(arm / "final_model" / "model.safetensors"))
+    assert warm.keys() == final.keys()
+    assert all(bool((warm[k] == final[k]).all()) for k in warm)
+    # An arm whose warm start would differ is refused before the engine starts.
+    other = tmp_path / "other"
+    refused = train(f"run.dir={other}", f"rl.warm_start_from={source}", "trainer.seed=3")
+    assert refused.returncode != 0
+    assert "trainer.seed: 0 there, 3 here" in refused.stderr + refused.stdout
+    assert not other.exists()

@@ -158,17 +158,129 @@ async def warm_start_samples(parts: Composition) -> tuple[list[TrainingSample], 
 
 def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
     """The trainer's settings for the warm start: its learning rate, the blocks it trains
-    (`rl.sft_train_last_layers`), and no truncated importance sampling (its samples are the
-    demonstrations, not the engine's)."""
+    (`rl.sft_train_last_layers`; `all` is full fine-tuning, without LoRA adapters), and no
+    truncated importance sampling (its samples are the demonstrations, not the engine's)."""
     train = config.rl
     last = train.sft_train_last_layers
     update: dict[str, Any] = {
         "lr": train.sft_lr,
         "loss": config.trainer.loss.model_copy(update={"tis": False}),
     }
-    if last is not None:
-        update["train_last_layers"] = None if last == "all" else last
+    if last == "all":
+        # Full fine-tuning: every weight, no LoRA adapters (a LoRA run's RL starts from it).
+        update["train_last_layers"] = None
+        update["lora"] = config.trainer.lora.model_copy(update={"enabled": False})
+    elif last is not None:
+        update["train_last_layers"] = last
     return config.trainer.model_copy(update=update)
+
+
+# What a warm start and the evaluations around it are made of; a run that reuses another's warm
+# start must agree on all of it. RL-phase settings (trainer.lr, the loss, rl.steps, rl.mode,
+# rl.reward_control, tasks.num_tasks, tasks.group_size, the engine...) may differ: those are arms.
+_WARM_START_RL_KEYS = (
+    "sft_steps",
+    "sft_tasks",
+    "sft_batch_size",
+    "sft_lr",
+    "sft_train_last_layers",
+    "eval_tasks",
+    "eval_before_tasks",
+    "eval_temperature",
+    "eval_stop_halfwidth",
+    "eval_min_tasks",
+)
+# Trainer settings that change how a step is computed, not what it computes.
+_TRAINER_MECHANICS = {"backend", "device", "fsdp", "gradient_checkpointing", "micro_batch_tokens"}
+# Files of a run's warm start and its evaluations, copied by `rl.warm_start_from`.
+_WARM_START_FILES = (
+    "eval_before.json",
+    "eval_before.trajectories.jsonl",
+    "sft_metrics.jsonl",
+    "eval_after_sft.json",
+    "eval_after_sft.trajectories.jsonl",
+)
+
+
+def warm_start_identity(config: ConveyorConfig) -> dict[str, Any]:
+    """The settings a warm start and its evaluations depend on, as flat `section.key` values."""
+    tasks = config.tasks.model_dump(mode="json", exclude={"num_tasks", "group_size", "split"})
+    trainer = warm_start_settings(config).model_dump(
+        mode="json", exclude=_TRAINER_MECHANICS | {"loss"}
+    )
+    return _flat(
+        {
+            "model": config.model.model_dump(mode="json"),
+            "agent": config.agent.model_dump(mode="json"),
+            "tasks": tasks,
+            "plugins": config.plugins,
+            "sampling": {"sampling_seed": config.sampling.sampling_seed},
+            "rl": {key: getattr(config.rl, key) for key in _WARM_START_RL_KEYS},
+            # the warm start's trainer: trainer.* with rl.sft_lr / rl.sft_train_last_layers in
+            "trainer": trainer,
+        }
+    )
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def warm_start_source(config: ConveyorConfig) -> Path | None:
+    """`rl.warm_start_from`, checked: a finished warm start made with this run's settings."""
+    from conveyor.config import load_config
+
+    if config.rl.warm_start_from is None:
+        return None
+    source = Path(config.rl.warm_start_from).expanduser().resolve()
+    key = "rl.warm_start_from"
+    if not config.rl.sft_steps:
+        raise ConfigError(f"{key} with rl.sft_steps=0: there is no warm start to reuse")
+    if not (source / "config.yaml").is_file():
+        raise ConfigError(f"{key}={source} is not a training run folder (no config.yaml)")
+    if not (source / "sft_model").is_dir():
+        raise ConfigError(
+            f"{key}={source} has no sft_model/: its warm start has not finished (or it had none)"
+        )
+    theirs = warm_start_identity(load_config(source / "config.yaml").config)
+    ours = warm_start_identity(config)
+    differ = [k for k in sorted(ours.keys() | theirs.keys()) if ours.get(k) != theirs.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ)
+        raise ConfigError(
+            f"{key}={source}: its warm start was made with other settings ({shown}); a reused "
+            "warm start must match on the model, tasks, agent, evaluations and warm start"
+        )
+    return source
+
+
+def adopt_warm_start(config: ConveyorConfig, run_dir: Path, say: Say) -> None:
+    """`rl.warm_start_from`: copy another run's warm start and its evaluations into `run_dir`
+    (what `run_dir` lacks), after checking the two runs agree on what made them."""
+    source = warm_start_source(config)
+    if source is None:
+        return
+    if source == run_dir.resolve():
+        raise ConfigError(f"rl.warm_start_from={source} is this run's own folder")
+    copied = []
+    if not (run_dir / "sft_model").is_dir():
+        tmp = run_dir / ".tmp-sft_model"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(source / "sft_model", tmp)
+        tmp.rename(run_dir / "sft_model")
+        copied.append("sft_model/")
+    for name in _WARM_START_FILES:
+        if (source / name).is_file() and not (run_dir / name).is_file():
+            shutil.copy2(source / name, run_dir / name)
+            copied.append(name)
+    _write(run_dir / "warm_start_from.json", {"source": str(source), "copied": copied})
+    say(f"warm start: reused from {source} ({', '.join(copied) or 'already here'})")
 
 
 async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
@@ -239,6 +351,7 @@ async def run_training(
             "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
             "at its sft_model/"
         )
+    warm_start_source(config)  # a reused warm start is checked before the engine's minute
     started = time.monotonic()
     parts = Composition(config)
     training = bool(train.steps or train.sft_steps)
@@ -286,6 +399,7 @@ async def run_training(
         parts.tasks(min(before, train.eval_tasks), "eval") if before and eval_tasks else []
     )
     try:
+        adopt_warm_start(config, run_dir, say)
         if before_tasks and not (run_dir / "eval_before.json").is_file():
             report = await evaluate(
                 parts, eval_stages, before_tasks, run_dir / "eval_before.trajectories.jsonl"

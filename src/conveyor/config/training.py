@@ -219,9 +219,20 @@ class RLConfig(Section):
     sft_train_last_layers: Annotated[int, Field(ge=1)] | Literal["all"] | None = Field(
         default=None,
         description="Decoder blocks the warm start trains, from the top: N, or 'all' (full "
-        "fine-tuning); null: what trainer.train_last_layers says. A warm start must teach the "
+        "fine-tuning, also when trainer.lora.enabled: LoRA then applies to RL only); null: "
+        "what trainer.train_last_layers (and trainer.lora) say. A warm start must teach the "
         "plan, not only the format: on the 135M model the top 4 blocks learned the tool "
         "format but answered without reading (docs/algorithms.md).",
+    )
+    warm_start_from: str | None = Field(
+        default=None,
+        description="A training run folder whose warm start this run reuses instead of training "
+        "its own: its sft_model/, eval_before.json and eval_after_sft.json (with their "
+        "trajectories) are copied in, so RL arms (trainer.lr=0, rl.reward_control=shuffle, "
+        "async, another RL setting) start from one warm start and are paired on it. Refused, "
+        "naming the keys, when a setting the warm start or its evaluations depend on differs "
+        "(model, tasks, agent, tools, evaluation sizes, the warm start's own rl.sft_* and "
+        "trainer settings, trainer.seed). null: train the warm start here.",
     )
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
     tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
