@@ -277,7 +277,9 @@ def adopt_warm_start(config: ConveyorConfig, run_dir: Path, say: Say) -> None:
         copied.append("sft_model/")
     for name in _WARM_START_FILES:
         if (source / name).is_file() and not (run_dir / name).is_file():
-            shutil.copy2(source / name, run_dir / name)
+            # via a temporary name: a copy cut short by a kill is not taken as done on resume
+            shutil.copy2(source / name, run_dir / f".tmp-{name}")
+            (run_dir / f".tmp-{name}").replace(run_dir / name)
             copied.append(name)
     _write(run_dir / "warm_start_from.json", {"source": str(source), "copied": copied})
     say(f"warm start: reused from {source} ({', '.join(copied) or 'already here'})")
