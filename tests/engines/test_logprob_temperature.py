@@ -71,7 +71,7 @@ def test_engine_logprobs_of_sampled_tokens_equal_the_trainers(
 ) -> None:
     samples = sampled(engine, tokenizer, temperature)
     # float32 like the CPU engine: with dtype auto, an AVX512-BF16 CPU autocasts the trainer to
-    # bf16, whose rounding passes this test's bounds and is not what it is about
+    # bf16, whose rounding exceeds this test's bounds and is not what it is about
     settings = TrainerConfig(device="cpu", dtype="float32")
     trainer = TorchTrainingEngine(model_dir, settings, temperature=temperature)
     recomputed = trainer.compute_logprobs(samples)
