@@ -31,7 +31,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine(folder: Path, **overrides: Any) -> TorchTrainingEngine:
-    values: dict[str, Any] = {"lr": 1e-3, "seed": 0, "device": "cpu", "micro_batch_tokens": 8192}
+    # float32 unless a test asks otherwise: these tests compare updates and logprobs at float32
+    # tolerances, and dtype auto is bf16 autocast on a CPU with AVX512-BF16
+    values: dict[str, Any] = {
+        "lr": 1e-3,
+        "seed": 0,
+        "device": "cpu",
+        "micro_batch_tokens": 8192,
+        "dtype": "float32",
+    }
     values.update(overrides)
     options = {key: values.pop(key) for key in ("temperature", "total_steps") if key in values}
     return TorchTrainingEngine(folder, TrainerConfig(**values), **options)
@@ -390,7 +398,7 @@ def test_dtype_auto_trains_in_bf16_only_where_the_cpu_has_it(tiny: Path) -> None
     flags = _cpu_flags()
     native = bool({"avx512_bf16", "amx_bf16"} & flags)
     assert native_bf16(torch.device("cpu")) is native
-    auto = engine(tiny)
+    auto = engine(tiny, dtype="auto")
     assert TrainerConfig().dtype == "auto"
     assert auto._autocast_dtype is (torch.bfloat16 if native else None)
     assert engine(tiny, dtype="float32")._autocast_dtype is None
