@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.app.train import adopt_warm_start
+from conveyor.app.train import adopt_warm_start, warm_start_source
 from conveyor.config import ConfigError, config_to_yaml, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def _adopt(tmp_path: Path, source: Path, *sets: str) -> tuple[Path, list[str]]:
     run.mkdir(exist_ok=True)
     config = load_config(HEADROOM, [f"run.dir={run}", f"rl.warm_start_from={source}", *sets])
     said: list[str] = []
-    adopt_warm_start(config.config, run, said.append)
+    adopt_warm_start(warm_start_source(config.config), run, said.append)
     return run, said
 
 

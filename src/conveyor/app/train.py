@@ -260,10 +260,9 @@ def warm_start_source(config: ConveyorConfig) -> Path | None:
     return source
 
 
-def adopt_warm_start(config: ConveyorConfig, run_dir: Path, say: Say) -> None:
-    """`rl.warm_start_from`: copy another run's warm start and its evaluations into `run_dir`
-    (what `run_dir` lacks), after checking the two runs agree on what made them."""
-    source = warm_start_source(config)
+def adopt_warm_start(source: Path | None, run_dir: Path, say: Say) -> None:
+    """`rl.warm_start_from`: copy the warm start and evaluations of `source` (as checked by
+    `warm_start_source`) into `run_dir`, what `run_dir` lacks; nothing when None."""
     if source is None:
         return
     if source == run_dir.resolve():
@@ -353,7 +352,7 @@ async def run_training(
             "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
             "at its sft_model/"
         )
-    warm_start_source(config)  # a reused warm start is checked before the engine's minute
+    reused = warm_start_source(config)  # checked before the engine's minute
     started = time.monotonic()
     parts = Composition(config)
     training = bool(train.steps or train.sft_steps)
@@ -401,7 +400,7 @@ async def run_training(
         parts.tasks(min(before, train.eval_tasks), "eval") if before and eval_tasks else []
     )
     try:
-        adopt_warm_start(config, run_dir, say)
+        adopt_warm_start(reused, run_dir, say)
         if before_tasks and not (run_dir / "eval_before.json").is_file():
             report = await evaluate(
                 parts, eval_stages, before_tasks, run_dir / "eval_before.trajectories.jsonl"
