@@ -236,6 +236,7 @@ TWO_STEPS = [
 ]
 ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 evaluation rollouts)
 WEIGHT_TOLERANCE = 1e-5
+OBJECT_STORE_BYTES = 1536 * 1024**2  # the float32 weights (0.54 GB) with room for the batch
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -282,17 +283,25 @@ def test_two_rl_steps_on_a_four_node_cluster_equal_a_single_process_run(
     # processes' memory included (it killed this test's runtime actors while other test runs
     # held 15 GB): off for these simulated nodes, which share one machine.
     monkeypatch.setenv("RAY_memory_monitor_refresh_ms", "0")
+    # Each weight sync ships the full weights (0.5 GB in float32) from rank 0's node to the
+    # driver's. `Cluster` gives a node a 150 MiB object store by default, so they went to Ray's
+    # disk fallback, which refuses once the disk is 95% used: a CI machine with 6.6 GiB free of
+    # 252 failed with OutOfDiskError. The head and trainer nodes get stores that hold them, and
+    # the fallback is refused at any disk use, so a sync that does not fit fails on every machine.
+    monkeypatch.setenv("RAY_local_fs_capacity_threshold", "0.01")
+    store = {"object_store_memory": OBJECT_STORE_BYTES}
 
     single_dir = tmp_path / "single"
     single = train(single_dir)
     assert single.returncode == 0, single.stderr[-4000:]
 
     cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, **store},
     )
     try:
         sandbox = cluster.add_node(num_cpus=1, resources={"sandbox": 16})
-        trainer = cluster.add_node(num_cpus=2, resources={"trainer": 2})
+        trainer = cluster.add_node(num_cpus=2, resources={"trainer": 2}, **store)
         engine = cluster.add_node(num_cpus=1, resources={"engine": 1})
         cluster.wait_for_nodes()
         ray_dir = tmp_path / "ray"

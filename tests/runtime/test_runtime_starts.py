@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -57,7 +59,7 @@ def _config(*overrides: str) -> ConveyorConfig:
     ).config
 
 
-def _bucket_holds(times: list[float], rate: float, burst: int) -> None:
+def _bucket_holds(times: Iterable[float], rate: float, burst: int) -> None:
     """In every window [t_i, t_j]: at most burst + rate * (t_j - t_i) starts."""
     times = sorted(times)
     for i in range(len(times)):
@@ -251,10 +253,11 @@ def test_an_eval_spreads_its_sandbox_starts_and_reports_them(
 def test_warm_runtimes_are_fresh_never_reused_and_closed(
     model_dir: Path, private_tmp: Path
 ) -> None:
-    """warm_pool 2, rate 10/s burst 1: most rollouts take a warm sandbox; each rollout's
-    workspace and /tmp are empty when its code first looks (so a warm one is as new as a
-    fresh one, and no rollout sees another's files); starts keep to the bucket; after close
-    no workspace, sandbox /tmp or process is left."""
+    """warm_pool 2, rate 10/s burst 1: every rollout takes a sandbox of the pool (a ready one,
+    or one the pool was starting: the first request finds the pool empty), whatever the
+    machine's speed; each rollout's workspace and /tmp are empty when its code first looks (so
+    a warm one is as new as a fresh one, and no rollout sees another's files); starts keep to
+    the bucket; after close no workspace, sandbox /tmp or process is left."""
     config = _config(
         "runtime.warm_pool=2",
         "runtime.start_rate=10",
@@ -275,18 +278,15 @@ def test_warm_runtimes_are_fresh_never_reused_and_closed(
     ]
     assert len(seen) == 8 and all(FRESH in text for text in seen), seen
     report = parts.runtime_starts.report()
-    assert report["warm_hits"] >= 3, report
-    assert report["warm_hits"] + report["warm_misses"] == 8
+    assert (report["warm_hits"], report["warm_misses"]) == (8, 0), report
+    assert 1 <= report["warm_joins"] <= 8
     # every rollout's runtime plus the ones started for the pool, each started once
     assert report["starts"] >= 8 and report["failures"] == 0
     _bucket_holds(parts.runtime_starts.counters.start_times, 10.0, 1)
     assert report["warm_ready"] == 0  # the pool was emptied and closed
     # the dispatcher's telemetry carries the same counters (its last sample, at shutdown)
     recorded = telemetry.summary()["runtime_starts"]
-    assert (recorded["warm_hits"], recorded["warm_misses"]) == (
-        8 - report["warm_misses"],
-        report["warm_misses"],
-    )
+    assert (recorded["warm_hits"], recorded["warm_misses"]) == (8, 0)
     assert 8 <= recorded["starts"] <= report["starts"]  # a refill may end after the last sample
     assert _leftovers(private_tmp) == [] and _children() == []
 
@@ -324,7 +324,7 @@ def test_a_run_that_crashes_or_is_cancelled_leaves_no_sandbox_behind(
 
 def test_a_dead_warm_runtime_is_discarded_never_handed_out() -> None:
     """A pooled runtime that died while waiting is closed and counted; the request gets a live
-    one (a fresh start: the pool's refill has not started yet)."""
+    one (the refill its take began: a join, as for the very first request)."""
     starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=2))
 
     async def main() -> None:
@@ -341,7 +341,104 @@ def test_a_dead_warm_runtime_is_discarded_never_handed_out() -> None:
 
     asyncio.run(main())
     counters = starts.counters
-    assert (counters.warm_discarded, counters.warm_hits, counters.warm_misses) == (2, 0, 2)
+    assert (counters.warm_discarded, counters.warm_hits, counters.warm_misses) == (2, 2, 0)
+    assert counters.warm_joins == 2
+
+
+class _Gated(SimulatedRuntime):
+    """A runtime whose start waits for `release` (set by the test) and then fails when
+    `fail` is set: every pool start is in flight until the test says."""
+
+    made: ClassVar[list[_Gated]] = []
+    release: ClassVar[asyncio.Event]
+    fail: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__({})
+        _Gated.made.append(self)
+
+    async def start(self) -> None:
+        await _Gated.release.wait()
+        if _Gated.fail:
+            raise RuntimeError("the recipe is broken")
+        await super().start()
+
+
+def _gated(fail: bool = False) -> None:
+    _Gated.made = []
+    _Gated.release = asyncio.Event()
+    _Gated.fail = fail
+
+
+def test_requests_wait_for_the_pools_starts_in_flight_rather_than_start_their_own() -> None:
+    """warm_pool 2, three requests at once while every start is held: each waits for a pool
+    start (joins) instead of adding its own, the pool keeps 2 unclaimed starts beside them,
+    and once released all three are served (hits, no miss) by distinct runtimes."""
+    starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=2))
+
+    async def main() -> None:
+        _gated()
+        requests = [asyncio.ensure_future(starts.warm("blank", _Gated)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert len(_Gated.made) == 3 + 2 and not any(r.done() for r in requests)
+        _Gated.release.set()
+        got = await asyncio.gather(*requests)
+        assert len({id(r) for r in got}) == 3 and all(r.alive() for r in got)
+        while starts.warm_ready() < 2:
+            await asyncio.sleep(0.01)
+        assert len(_Gated.made) == 5  # nothing more: the pool is full again
+        for runtime in got:
+            await runtime.close()
+        await starts.close()
+        assert not any(r.alive() for r in _Gated.made)
+
+    asyncio.run(main())
+    counters = starts.counters
+    assert (counters.warm_hits, counters.warm_joins, counters.warm_misses) == (3, 3, 0)
+
+
+def test_a_failed_pool_start_sends_its_waiting_request_to_a_fresh_start_that_reports_why() -> None:
+    """The recipe is broken: the request that waited for the pool's start is a miss, starts
+    its own runtime and gets that start's error; nothing is left alive or pending."""
+    starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=1))
+
+    async def main() -> None:
+        _gated(fail=True)
+        _Gated.release.set()
+        with pytest.raises(RuntimeError, match="the recipe is broken"):
+            await starts.warm("blank", _Gated)
+        await starts.close()
+        assert not any(r.alive() for r in _Gated.made)
+
+    asyncio.run(main())
+    counters = starts.counters
+    assert (counters.warm_hits, counters.warm_misses) == (0, 1)
+    assert counters.failures >= 2  # the pool's start and the request's own
+
+
+def test_a_request_cancelled_while_it_waits_leaves_its_runtime_to_the_pool() -> None:
+    """A rollout cancelled while waiting for a pool start: the runtime, once started, goes to
+    the pool (the next request takes it, nothing started for it) and close() closes the rest."""
+    starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=1))
+
+    async def main() -> None:
+        _gated()
+        waiting = asyncio.ensure_future(starts.warm("blank", _Gated))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        _Gated.release.set()
+        while starts.warm_ready() < 2:  # the cancelled request's start and the pool's own
+            await asyncio.sleep(0.01)
+        taken = await starts.warm("blank", _Gated)
+        assert taken is _Gated.made[0] and taken.alive()
+        await taken.close()
+        await starts.close()
+        assert not any(r.alive() for r in _Gated.made)
+
+    asyncio.run(main())
+    assert starts.counters.warm_hits == 1 and starts.warm_ready() == 0
 
 
 def test_a_copy_for_another_process_keeps_the_limits_and_no_runtime() -> None:
@@ -362,7 +459,7 @@ def test_a_copy_for_another_process_keeps_the_limits_and_no_runtime() -> None:
     assert (copy.gate.rate, copy.gate.max_concurrent, copy.warm_ready()) == (5.0, 2, 0)
     assert asyncio.run(copy.start(SimulatedRuntime({}))).alive()
     asyncio.run(starts.close())
-    assert starts.warm_ready() == 0 and starts.counters.warm_misses == 1
+    assert starts.warm_ready() == 0 and starts.counters.warm_hits == 1
 
 
 @needs_sandbox
@@ -388,5 +485,6 @@ def test_the_gateway_starts_its_rollouts_runtimes_under_the_same_limits(
 
     asyncio.run(main())
     report = gateway.starts.report()
-    assert (report["warm_misses"], report["warm_hits"], report["warm_ready"]) == (1, 2, 0)
+    assert (report["warm_misses"], report["warm_hits"], report["warm_ready"]) == (0, 3, 0)
+    assert report["warm_joins"] == 1  # the first request: later ones found one ready
     assert _leftovers(private_tmp) == [] and _children() == []

@@ -13,9 +13,12 @@ spreads them out and, with `runtime.warm_pool: K`, keeps K runtimes started ahea
   at once.
 - **Warm pool** (`runtime.warm_pool`): for a runtime that does not depend on the task (a
   *recipe*, e.g. the executor's sandbox over an empty workspace), K of them are started ahead,
-  under the same limits, and each request takes one (a *hit*) and triggers a refill; an empty
-  pool means a fresh start (a *miss*). A pooled runtime is handed out once, never returned, and
-  closed like any other by whoever took it; `close()` closes the ones still in the pool.
+  under the same limits, and each request takes one (a *hit*) and triggers a refill. When none
+  is ready the request waits for the oldest pool start in flight that no other request waits
+  for (a hit that *joined*: it began earlier than a start of the request's own would); only a
+  failed pool start or a closed pool means a fresh start (a *miss*). A pooled runtime is handed
+  out once, never returned, and closed like any other by whoever took it; `close()` closes the
+  ones still in the pool.
 
 Every start goes through `conveyor.runtime.selection.started`, which applies the `RuntimeStarts`
 active in the calling task (`active()`, set by the rollout stages around each family call);
@@ -60,6 +63,7 @@ class StartCounters:
     `rate_waits` / `rate_wait_s`: starts that waited for the rate limit, and how long in all;
     `slot_waits`: starts that waited for a place among `max_concurrent_starts`;
     `warm_hits` / `warm_misses`: requests a pool served / could not serve (started fresh);
+    `warm_joins`: hits that waited for a pool start already in flight (none was ready);
     `warm_discarded`: pooled runtimes found dead when taken (closed, never handed out);
     `start_times`: when the last `RECENT_STARTS` starts were let through (`time.monotonic()`;
     bounded, so a week-long run's counters stay small); `peak_starts_1s`: the most starts let
@@ -73,6 +77,7 @@ class StartCounters:
     slot_waits: int = 0
     warm_hits: int = 0
     warm_misses: int = 0
+    warm_joins: int = 0
     warm_discarded: int = 0
     start_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STARTS))
     peak_starts_1s: int = 0
@@ -171,9 +176,20 @@ class StartGate:
             self._slots = asyncio.Semaphore(self.max_concurrent)
 
 
+class _Fill:
+    """One pool start in flight; `claimed` once a request waits for it (`handed` then gets the
+    runtime, or None when the start failed or the pool closed)."""
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.handed: asyncio.Future[Runtime | None] = asyncio.get_running_loop().create_future()
+
+
 class WarmPool:
     """Up to `size` started runtimes of one recipe (`build`: a not yet started runtime), kept
-    full in the background through `gate`. `take()` hands one out or says there is none."""
+    full in the background through `gate`. `take()` hands one out: a ready one, else the oldest
+    start in flight that no other request waits for (never later than a start of its own,
+    which would queue behind it at the gate); None when the pool could not serve."""
 
     def __init__(
         self,
@@ -187,30 +203,53 @@ class WarmPool:
         self.gate = gate
         self.counters = counters
         self.ready: list[Runtime] = []
-        self._filling: set[asyncio.Task[None]] = set()
+        self._fills: list[_Fill] = []  # in flight, oldest first
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def take(self) -> Runtime | None:
-        """A started runtime from the pool (its refill begins), or None when it is empty."""
+    async def take(self) -> Runtime | None:
+        """A started runtime from the pool (a refill begins), or None: the pool is closed, or
+        the start this request waited for failed (the caller starts one itself and sees why)."""
         while self.ready:
             runtime = self.ready.pop(0)
             if runtime.alive():
+                self.counters.warm_hits += 1
                 self.refill()
                 return runtime
             self.counters.warm_discarded += 1
             self._spawn(_close_quietly(runtime))
         self.refill()
-        return None
+        fill = next((f for f in self._fills if not f.claimed), None)
+        if fill is None:  # closed
+            return None
+        fill.claimed = True
+        self.refill()  # the claimed start no longer counts towards the pool's size
+        try:
+            joined = await fill.handed
+        except asyncio.CancelledError:
+            # the runtime may have been handed in the same instant: nobody else will close it
+            if fill.handed.done() and not fill.handed.cancelled():
+                handed = fill.handed.result()
+                if handed is not None:
+                    self._spawn(_close_quietly(handed))
+            raise
+        if joined is not None:
+            self.counters.warm_hits += 1
+            self.counters.warm_joins += 1
+        return joined
 
     def refill(self) -> None:
-        """Start as many runtimes as the pool lacks (ready + starting < size)."""
+        """Start as many runtimes as the pool lacks (ready + unclaimed starts < size)."""
         if self._closed:
             return
-        missing = self.size - len(self.ready) - len(self._filling)
-        for _ in range(max(0, missing)):
-            self._spawn(self._fill_one())
+        unclaimed = sum(not f.claimed for f in self._fills)
+        for _ in range(max(0, self.size - len(self.ready) - unclaimed)):
+            fill = _Fill()
+            self._fills.append(fill)
+            self._spawn(self._fill_one(fill))
 
-    async def _fill_one(self) -> None:
+    async def _fill_one(self, fill: _Fill) -> None:
+        runtime: Runtime | None = None
         try:
             runtime = await start_gated(self.build(), self.gate)
         except asyncio.CancelledError:
@@ -218,24 +257,29 @@ class WarmPool:
         except Exception:
             # a broken recipe must not spin: requests start fresh and report the error themselves
             logger.warning("starting a runtime for the warm pool failed", exc_info=True)
-            return
-        if self._closed:
-            await runtime.close()
-            return
-        self.ready.append(runtime)
+        finally:
+            self._fills.remove(fill)
+            if runtime is not None and self._closed:
+                await _close_quietly(runtime)
+                runtime = None
+            if fill.claimed and not fill.handed.done():
+                fill.handed.set_result(runtime)
+            elif runtime is not None:
+                self.ready.append(runtime)  # unclaimed, or its request was cancelled
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
-        self._filling.add(task)
-        task.add_done_callback(self._filling.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        """Stop refilling and close every runtime still in the pool; idempotent."""
+        """Stop refilling and close every runtime still in the pool (requests waiting for a
+        start get None); idempotent."""
         self._closed = True
-        filling = list(self._filling)
-        for task in filling:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*filling, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         ready, self.ready = self.ready, []
         for runtime in ready:
             await _close_quietly(runtime)
@@ -273,8 +317,9 @@ class RuntimeStarts:
 
     async def warm(self, recipe: Hashable, build: Callable[[], Runtime]) -> Runtime:
         """A started runtime of `recipe` (a key naming what `build` makes, equal for equal
-        runtimes): from its warm pool when one is ready, else `build()` started now. Without a
-        warm pool (`warm_pool: 0`) always the latter, and no hit or miss is counted."""
+        runtimes): from its warm pool (a ready one, or a pool start in flight), else `build()`
+        started now. Without a warm pool (`warm_pool: 0`) always the latter, and no hit or miss
+        is counted."""
         if self.settings.warm_pool == 0 or self._closed:
             return await self.start(build())
         pool = self._pools.get(recipe)
@@ -282,9 +327,8 @@ class RuntimeStarts:
             pool = self._pools[recipe] = WarmPool(
                 self.settings.warm_pool, build, self.gate, self.counters
             )
-        runtime = pool.take()
+        runtime = await pool.take()
         if runtime is not None:
-            self.counters.warm_hits += 1
             return runtime
         self.counters.warm_misses += 1
         return await self.start(build())
@@ -319,6 +363,7 @@ class RuntimeStarts:
             "slot_waits": c.slot_waits,
             "warm_hits": c.warm_hits,
             "warm_misses": c.warm_misses,
+            "warm_joins": c.warm_joins,
             "warm_discarded": c.warm_discarded,
             "warm_ready": self.warm_ready(),
             "peak_starts_1s": c.peak_starts_1s,
