@@ -168,6 +168,58 @@ def test_weights_update_in_place_without_restart(
     assert seconds < 60
 
 
+def test_a_prefix_cached_before_a_weight_update_is_never_reused_after_it(
+    engine: Any, tokenizer: Any, model_dir: Path
+) -> None:
+    """Async RL's case: a request holds KV blocks across the update, so vLLM refuses to reset
+    its prefix cache. A prompt cached under the old weights and sent again after the update must
+    be computed with the new weights: its logprobs equal those of the same prompt once the
+    cache could be reset, and differ from the old weights' (without the version salt the
+    second request reused the old prefix and got the old weights' answer)."""
+    from safetensors.torch import load_file
+
+    def chat(text: str) -> list[int]:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer.encode(rendered, add_special_tokens=False))
+
+    facts = " ".join(f"Fact {i}: the planet number {i} has {i + 2} moons." for i in range(40))
+    prompt = chat(facts + " Which planet has the most moons?")
+    block = engine._engine.vllm_config.cache_config.block_size
+    assert len(prompt) >= 2 * block  # full blocks: the cache has a prefix to offer
+    probe = SampleRequest(prompt_ids=prompt, max_tokens=6, temperature=0.0)
+    holder = SampleRequest(
+        prompt_ids=chat("Count from 1 to 1000, separated by commas."),
+        max_tokens=600,
+        temperature=0.0,
+    )
+    weights = load_file(str(model_dir / "model.safetensors"))
+    changed = {k: (v * 0.7 if ".mlp." in k else v) for k, v in weights.items()}
+
+    async def go() -> tuple[SampleResult, SampleResult, SampleResult, int]:
+        held = asyncio.ensure_future(engine.sample(holder))
+        while engine.running_requests == 0:
+            await asyncio.sleep(0.01)
+        old = await engine.sample(probe)  # cached under the old weights
+        refused = engine.prefix_resets_refused
+        await engine.update_weights(changed.items())
+        refused = engine.prefix_resets_refused - refused
+        assert not held.done(), "the holder ended before the update: nothing was tested"
+        after = await engine.sample(probe)
+        await held
+        await engine.reset_prefix_cache()
+        fresh = await engine.sample(probe)
+        await engine.update_weights(weights.items())
+        return old, after, fresh, refused
+
+    old, after, fresh, refused = asyncio.run(go())
+    assert refused == 1  # the case at hand: the old weights' blocks stayed in the cache
+    assert after.token_ids == fresh.token_ids
+    assert after.logprobs == pytest.approx(fresh.logprobs, abs=1e-3)
+    assert max(abs(a - b) for a, b in zip(old.logprobs, fresh.logprobs, strict=False)) > 1e-2
+
+
 def test_commands_to_a_dead_engine_fail_instead_of_hanging(model_dir: Path) -> None:
     from conveyor.engines.base import EngineError
     from conveyor.engines.vllm_local import VLLMEngine

@@ -178,6 +178,7 @@ def test_fake_server_weight_versions_are_written_reloaded_and_pruned(
 
     async def go() -> list[int]:
         versions = []
+        await engine.sample(SampleRequest(prompt_ids=[1, 2], max_tokens=1))
         for version in (1, 2, 3):
             await engine.update_weights(_weights(float(version)), version)
             versions.append(engine.policy_version)
@@ -199,6 +200,9 @@ def test_fake_server_weight_versions_are_written_reloaded_and_pruned(
     assert float(loaded["lm_head.weight"][0, 0]) == 3.0
     resets = [path for path, _ in fake_server.calls if path == "/reset_prefix_cache"]
     assert len(resets) == 3 and engine.prefix_resets_refused == 0
+    # each request is salted with the weights it is for: no cached prefix crosses an update
+    salts = [body["cache_salt"] for path, body in fake_server.calls if path == "/v1/completions"]
+    assert salts == ["conveyor-v0", "conveyor-v3"]
 
 
 @pytest.mark.parametrize("fake_server", [{"rpc_status": 500}], indirect=True)

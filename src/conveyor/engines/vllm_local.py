@@ -16,6 +16,13 @@ temperature (and top-p/top-k, which the built-in trainer does not apply: keep to
 training). vLLM's default, `raw_logprobs`, reports the temperature-1 distribution whatever the
 sampling temperature, which is not what the trainer's logits / temperature compute.
 
+Prefix caching stays on (multi-turn rollouts re-send the whole conversation each turn), and every
+request carries its policy version as vLLM's `cache_salt` (`version_salt`): a prefix cached
+under one version of the weights is never reused by a request of another. vLLM's
+`reset_prefix_cache` alone is not enough: it refuses while running requests hold cached blocks,
+which in async RL is at every update, and the shared system prompt's blocks, cached under the
+first weights, were then reused for the whole run.
+
 Scheduler and KV-cache figures (`EngineStats`) are read from the in-process engine core's
 scheduler by the engine thread after every step, and served from that snapshot: the reading
 thread never touches vLLM's structures while a step mutates them. vLLM's own stats path
@@ -122,6 +129,7 @@ class VLLMEngine:
         ] = {}
         self._ids = itertools.count()
         self._version = 0
+        self.prefix_resets_refused = 0  # weight updates after which cached blocks stayed
         self._in_flight = 0
         self._closed = False
         self._failure: BaseException | None = None
@@ -260,10 +268,12 @@ class VLLMEngine:
 
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        ids = list(prompt_ids)
 
         def add() -> None:
             try:
+                # runs in the engine thread, between weight updates: the version is the live one
+                prompt = TokensPrompt(prompt_token_ids=ids, cache_salt=version_salt(self._version))
                 self._waiters[request_id] = (loop, future, self._version, convert)
                 self._engine.add_request(request_id, prompt, params)
             except Exception as exc:  # a bad request (too long ...) fails only itself
@@ -304,7 +314,11 @@ class VLLMEngine:
             start = time.perf_counter()
             runner = self._engine.model_executor.driver_worker.worker.model_runner
             runner.reload_weights(weights_iterator=iter(weights))
-            self._engine.reset_prefix_cache()
+            # Frees the old weights' cached blocks; refused while running requests hold blocks
+            # (always, in async RL), which the version salt makes harmless: no later request
+            # matches a prefix cached under an older version.
+            if not self._engine.reset_prefix_cache():
+                self.prefix_resets_refused += 1
             self._version = self._version + 1 if version is None else version
             return time.perf_counter() - start
 
@@ -383,6 +397,12 @@ class VLLMEngine:
             # initialized", seen in CI). The client's shutdown runs once: a later collection
             # finds nothing to do.
             await asyncio.to_thread(self._engine.engine_core.shutdown)
+
+
+def version_salt(version: int) -> str:
+    """vLLM's `cache_salt` for requests served under policy `version` (prefix-cache entries
+    match only within one version)."""
+    return f"conveyor-v{version}"
 
 
 def _scheduler_of(engine: LLMEngine) -> Scheduler | None:

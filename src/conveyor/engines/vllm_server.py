@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import EngineError, SampleRequest, WeightFingerprint
 from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
+from conveyor.engines.vllm_local import version_salt
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -97,6 +98,11 @@ class VLLMServerEngine(OpenAICompatibleClient):
         """Write weight versions under `path` from now on (`conveyor train`: `RUN/weights`)."""
         self.weights_dir = Path(path)
 
+    def payload(self, request: SampleRequest) -> dict[str, Any]:
+        """The completion body, salted with the policy version (`version_salt`): the server
+        reuses a cached prefix only for requests of the same weights."""
+        return {**super().payload(request), "cache_salt": version_salt(self._version)}
+
     async def update_weights(
         self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
@@ -122,9 +128,8 @@ class VLLMServerEngine(OpenAICompatibleClient):
             if answer.get("success", True):
                 return
             await asyncio.sleep(_RESET_PAUSE_S)
-        # Running requests held their blocks throughout: cached prefixes of the old weights may
-        # be reused until they are evicted. Counted, not fatal: the in-process engine's reset
-        # behaves the same, and the fingerprint probe (no prefix reuse) still checks the sync.
+        # Running requests held their blocks throughout: the old weights' cached prefixes stay
+        # until evicted, never reused (requests are salted with their version). Counted.
         self.prefix_resets_refused += 1
 
     def _root(self) -> Path:
