@@ -207,6 +207,31 @@ def test_symlinks_out_of_a_real_workspace_are_refused(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_edits_keep_every_other_byte_of_the_file(tmp_path: Path) -> None:
+    """A CRLF file stays CRLF where the agent writes "\n" (its view shows the file as it is),
+    and form feeds, U+2028 and a missing last newline survive edits: a file is read and written
+    byte-exact, never through newline translation."""
+    crlf = "def add(a, b):\r\n    return a - b\r\n\r\n\r\ndef sub(a, b):\r\n    return a - b\r\n"
+    odd = "x = 1\n\f\ny = '\u2028\x85\x1c'\nz = 3"
+    (tmp_path / "crlf.py").write_bytes(crlf.encode())
+    (tmp_path / "odd.py").write_bytes(odd.encode())
+
+    async def scenario() -> None:
+        ctx = await local_ctx(tmp_path)
+        fix = "add(a, b):\n    return a - b"
+        done = await edit(
+            ctx, command="str_replace", path="crlf.py", old_str=fix, new_str=fix.replace("-", "+")
+        )
+        assert done.kind == "ok", done.output
+        await edit(ctx, command="insert", path="crlf.py", insert_line=0, new_str="# added\n")
+        await edit(ctx, command="str_replace", path="odd.py", old_str="z = 3", new_str="z = 4")
+
+    run(scenario())
+    expected = "# added\r\n" + crlf.replace("a - b", "a + b", 1)
+    assert (tmp_path / "crlf.py").read_bytes() == expected.encode()
+    assert (tmp_path / "odd.py").read_bytes() == odd.replace("z = 3", "z = 4").encode()
+
+
 def test_bash_reports_output_exit_code_truncation_and_timeouts(tmp_path: Path) -> None:
     async def scenario() -> None:
         ctx = await local_ctx(tmp_path)

@@ -4,6 +4,9 @@ Both act only through the rollout's `Runtime` (`exec`, `read_file`, `write_file`
 they work the same in every runtime. The editor shows paths as the runtime's agent sees them
 (`/workspace/...` in a sandbox), refuses paths outside the workspace (the runtime resolves
 symlinks and raises `PermissionError`), and keeps a per-file undo history in `ctx.state`.
+Files are read and written byte-exact (no newline translation); in a file whose every line ends
+in CRLF, the "\n" of the agent's `old_str`/`new_str` stands for the file's line end, so an
+edit keeps the file's line ends.
 Mistakes are the policy's: they raise ordinary exceptions, which the registry reports to the model.
 """
 
@@ -165,6 +168,16 @@ async def _exists(runtime: Runtime, path: str) -> bool:
     return True
 
 
+def _crlf_file(text: str) -> bool:
+    """Whether every line of `text` ends in CRLF (and it has one)."""
+    return "\r\n" in text and text.count("\n") == text.count("\r\n")
+
+
+def _crlf(text: str) -> str:
+    """`text` with every line end a CRLF."""
+    return text.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
 def _lines(text: str) -> list[str]:
     lines = text.split("\n")
     return lines[:-1] if text.endswith("\n") else lines
@@ -249,6 +262,8 @@ async def _str_replace(
     if old_str is None or old_str == "":
         raise EditorError("str_replace needs a non-empty `old_str`")
     text = await _read(runtime, path)
+    if _crlf_file(text):
+        old_str, new_str = _crlf(old_str), _crlf(new_str or "")
     count = text.count(old_str)
     if count == 0:
         raise EditorError(
@@ -291,6 +306,8 @@ async def _insert(
     inserted = new_str.split("\n")
     if new_str.endswith("\n"):
         inserted = inserted[:-1]
+    if _crlf_file(text):
+        inserted = [line.removesuffix("\r") + "\r" for line in inserted]
     updated = "\n".join(lines[:insert_line] + inserted + lines[insert_line:])
     if not text:
         updated = new_str if new_str.endswith("\n") else new_str + "\n"

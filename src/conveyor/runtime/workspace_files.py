@@ -46,13 +46,14 @@ class WorkspaceFiles:
         return resolved
 
     def read(self, path: str) -> str:
-        """Text of a file (UTF-8). `FileNotFoundError`/`IsADirectoryError` for a bad path."""
+        """Text of a file (UTF-8, byte-exact: no newline translation, so a CRLF file reads as
+        CRLF). `FileNotFoundError`/`IsADirectoryError` for a bad path."""
         target = self.resolve(path)
         if target.is_dir():
             raise IsADirectoryError(f"{path}: is a directory")
         if not target.exists():
             raise FileNotFoundError(f"{path}: no such file")
-        return target.read_text(encoding="utf-8")
+        return target.read_bytes().decode("utf-8")
 
     def write(self, path: str, content: str) -> None:
         """Replace or create a file atomically, creating its folders; keeps an existing mode."""

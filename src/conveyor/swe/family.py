@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from conveyor.swe.grading import (
     test_env_vars,
 )
 from conveyor.swe.hints import SweHintPolicy
-from conveyor.swe.patches import split_patch
+from conveyor.swe.patches import apply_patch, file_diff, patch_paths, read_text, split_lines
 from conveyor.tasks.family import SPLIT_SHARES, register_family, split_of, task_id
 from conveyor.types import Task, ToolCall
 
@@ -248,22 +250,38 @@ def _runtime_request(row: SweRow, workspace: Workspace) -> RuntimeRequest:
 
 
 def gold_edits(row: SweRow, template: Path, root: str = "/workspace") -> list[ToolCall]:
-    """Editor calls that turn the starting state into starting state + gold patch."""
+    """Editor calls that turn the starting state into starting state + gold patch.
+
+    The files the gold patch touches (as git reads it) are copied from the starting state to a
+    scratch folder, the patch is applied there with git and the files are read back byte for
+    byte: a new file is created, a changed one edited with one `str_replace` per hunk of its
+    diff (the whole text where a hunk's old text is not unique). A deleted file is emptied (the
+    editor cannot delete), a binary one left alone."""
     calls: list[ToolCall] = []
-    for part in split_patch(row.patch):
-        old_path = template / part.path
-        old = old_path.read_text(encoding="utf-8") if old_path.exists() else None
-        new = _patched(part.text, old)
-        path = f"{root}/{part.path}"
-        if old is None:
-            calls.append(_edit("create", path, file_text=new))
-            continue
-        for old_str, new_str in _hunks(part.text):
-            if old_str and old.count(old_str) == 1:
-                calls.append(_edit("str_replace", path, old_str=old_str, new_str=new_str))
-                old = old.replace(old_str, new_str, 1)
-        if old != new:  # hunks were not unique: replace the whole file's text
-            calls.append(_edit("str_replace", path, old_str=old, new_str=new))
+    paths = sorted(patch_paths(row.patch))
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        for rel in paths:
+            if (template / rel).is_file():
+                (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(template / rel, scratch / rel)
+        apply_patch(scratch, row.patch)
+        for rel in paths:
+            old_path, new_path = template / rel, scratch / rel
+            old = read_text(old_path) if old_path.is_file() else None
+            new = read_text(new_path) if new_path.is_file() else ""
+            if new is None or (old is None and old_path.is_file()) or old == new:
+                continue  # unchanged, or a binary file: the editor edits text
+            path = f"{root}/{rel}"
+            if old is None:
+                calls.append(_edit("create", path, file_text=new))
+                continue
+            for old_str, new_str in _hunks(file_diff(rel, old, new)):
+                if old_str and old.count(old_str) == 1:
+                    calls.append(_edit("str_replace", path, old_str=old_str, new_str=new_str))
+                    old = old.replace(old_str, new_str, 1)
+            if old != new:  # hunks were not unique: replace the whole file's text
+                calls.append(_edit("str_replace", path, old_str=old, new_str=new))
     return calls
 
 
@@ -274,10 +292,10 @@ def _edit(command: str, path: str, **arguments: Any) -> ToolCall:
 
 
 def _hunks(text: str) -> list[tuple[str, str]]:
-    """(old, new) text of each hunk of one file's diff."""
+    """(old, new) text of each hunk of one file's diff (lines split at "\\n" only)."""
     hunks: list[tuple[list[str], list[str]]] = []
     sign = " "
-    for line in text.splitlines(keepends=True):
+    for line in split_lines(text):
         if line.startswith("@@"):
             hunks.append(([], []))
         elif hunks and line.startswith("\\"):
@@ -293,19 +311,3 @@ def _hunks(text: str) -> list[tuple[str, str]]:
             if sign in " +":
                 new.append(line[1:])
     return [("".join(o), "".join(n)) for o, n in hunks]
-
-
-def _patched(text: str, old: str | None) -> str:
-    """The file after applying its section of the patch (through a temporary folder)."""
-    import tempfile
-
-    from conveyor.swe.patches import apply_patch
-
-    path = next(p.path for p in split_patch(text))
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / path
-        if old is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(old, encoding="utf-8")
-        apply_patch(Path(tmp), text)
-        return target.read_text(encoding="utf-8") if target.exists() else ""
