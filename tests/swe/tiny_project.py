@@ -70,9 +70,10 @@ def write_source(name: str, version: str, files: dict[str, str]) -> Path:
     root = swe_home() / "src" / f"{name}-{version}"
     for rel, text in files.items():
         path = root / rel
-        if not path.exists() or path.read_text() != text:
+        data = text.encode()  # byte-exact: CRLF and other line ends are kept as written
+        if not path.exists() or path.read_bytes() != data:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            path.write_bytes(data)
     return root
 
 

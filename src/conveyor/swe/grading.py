@@ -3,10 +3,12 @@
 `grade(row, patch)`:
 1. takes the task's starting state (`environment.task_template`: the pristine sdist plus the
    row's `setup_patch`) and makes a fresh workspace of it;
-2. applies the agent's patch minus every protected path (`guards.guard_patch`: tests,
-   `conftest.py`, pytest/tox/setup.cfg/pyproject configuration, start-up hooks, modules
-   shadowing the standard library or the test venv, the grader's folder), so the agent's edits
-   to tests and test configuration are reverted by construction;
+2. applies the agent's whole patch with `git apply` (one that git refuses scores 0), then reads
+   what it changed from the resulting tree against the starting state, never from the patch's
+   text, and reverts every protected or untrusted change (`guards.restore_protected`: the
+   task's declared tests, `conftest.py`, pytest/tox/setup.cfg/pyproject configuration,
+   start-up hooks, modules shadowing the standard library or the test venv, the grader's
+   folder, symlinks and other non-regular files, binary files), reported in `dropped_paths`;
 3. applies the row's hidden `test_patch`; one that does not apply to the starting state is a
    broken task: `TaskDefect`, never a score;
 4. runs FAIL_TO_PASS and PASS_TO_PASS with pytest in a bubblewrap sandbox (no network, the test
@@ -43,6 +45,7 @@ from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
+from conveyor.swe import guards
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
@@ -51,8 +54,7 @@ from conveyor.swe.environment import (
     task_template,
 )
 from conveyor.swe.environment import test_environment as build_test_environment
-from conveyor.swe.guards import guard_patch, package_dirs, project_modules
-from conveyor.swe.patches import PatchError, apply_patch, diff_trees
+from conveyor.swe.patches import PatchError, TreeDiff, apply_patch, tree_diff
 from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
 from conveyor.types import TaskDefect
 
@@ -304,15 +306,13 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     template = await run_in_pool("reward", row_template, row)
     env = await run_in_pool("reward", row_environment, row)
     metadata = await run_in_pool("reward", row_metadata, row)
-    packages = await run_in_pool("reward", package_dirs, template)
-    own = project_modules(template / row.env.pythonpath)
-    guarded = guard_patch(patch, set(env.top_level_modules) - own, packages)
-    base = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
-    base |= dict(p2p_total=len(row.PASS_TO_PASS), dropped_paths=guarded.dropped)
+    rules = await run_in_pool("reward", task_protection_rules, row, template, env)
+    base: dict[str, Any] = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
+    base |= dict(p2p_total=len(row.PASS_TO_PASS))
     workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
     try:
         try:
-            await run_in_pool("reward", apply_patch, workspace.path, guarded.kept)
+            await run_in_pool("reward", apply_patch, workspace.path, patch)
         except PatchError as exc:
             return GradeReport(
                 **base,
@@ -323,6 +323,10 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
                 patch_applied=False,
                 error=f"patch did not apply: {exc}",
             )
+        # What the patch did is read from the tree git wrote, so git and the guard agree.
+        base["dropped_paths"] = await run_in_pool(
+            "reward", guards.restore_protected, workspace.path, template, rules
+        )
         try:
             await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
         except PatchError:
@@ -371,9 +375,28 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     )
 
 
+def task_protection_rules(
+    row: SweRow, template: Path, env: TestEnvironment
+) -> guards.ProtectionRules:
+    """What `guards.restore_protected` protects for `row` (its declared tests, ...)."""
+    return guards.protection_rules(
+        template,
+        pythonpath=row.env.pythonpath,
+        venv_modules=env.top_level_modules,
+        test_patch=row.test_patch,
+        test_ids=[*row.FAIL_TO_PASS, *row.PASS_TO_PASS],
+    )
+
+
+def workspace_diff(row: SweRow, workspace: Path) -> TreeDiff:
+    """The agent's patch (the workspace's diff against the row's starting state) and the
+    changed paths it cannot carry (binary files, symlinks)."""
+    return tree_diff(row_template(row), workspace)
+
+
 def workspace_patch(row: SweRow, workspace: Path) -> str:
     """The agent's patch: the workspace's diff against the row's starting state."""
-    return diff_trees(row_template(row), workspace)
+    return workspace_diff(row, workspace).patch
 
 
 async def grade_runtime(
@@ -383,5 +406,7 @@ async def grade_runtime(
     workspace = getattr(runtime, "workspace", None)
     if not isinstance(workspace, Path):
         raise TypeError("grading needs a runtime over a host workspace folder (`.workspace`)")
-    patch = await run_in_pool("reward", workspace_patch, row, workspace)
-    return await grade(row, patch, options)
+    diff = await run_in_pool("reward", workspace_diff, row, workspace)
+    report = await grade(row, diff.patch, options)
+    report.dropped_paths = {**diff.refused, **report.dropped_paths}
+    return report
