@@ -113,7 +113,8 @@ def grade_command(
         row = find_row(tasks, instance)
     except (KeyError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
-    text = row.patch if gold else (patch.read_text(encoding="utf-8") if patch else "")
+    # Byte-exact (no newline translation): a patch of a CRLF file must keep its "\r".
+    text = row.patch if gold else (_read_patch(patch) if patch else "")
     options = GradingOptions(
         partial_credit=partial_credit,
         per_test_timeout_s=test_timeout,
@@ -145,3 +146,8 @@ def grade_command(
             typer.echo(f"  {report.error}")
         for nodeid in report.failing[:10]:
             typer.echo(f"  failing: {nodeid}")
+
+
+def _read_patch(path: Path) -> str:
+    """A patch file's text, byte for byte (bytes that are not UTF-8 survive as escapes)."""
+    return path.read_bytes().decode("utf-8", "surrogateescape")
