@@ -6,7 +6,7 @@ import ast
 from collections import Counter
 
 from conveyor.swe.mutations import MUTATION_KINDS, mutations_of_file, pick
-from conveyor.swe.patches import file_diff
+from conveyor.swe.patches import file_diff, split_lines
 
 SOURCE = '''"""Sample."""
 
@@ -68,3 +68,20 @@ def test_pick_spreads_over_kinds_and_functions_and_is_deterministic() -> None:
     assert len({m.kind for m in first[:kinds]}) == kinds, "every kind before any repeats"
     ops = [m for m in first if m.kind == "change_operator"]
     assert {m.function for m in ops[:2]} == {"scan", "Box.size"}, "functions alternate"
+
+
+def test_mutants_of_a_crlf_file_with_form_feeds_and_u2028_hit_the_covered_line() -> None:
+    """Lines are numbered as Python numbers them (a form feed or U+2028 ends no line), and a
+    mutant keeps the file's CRLF line ends: its diff is one line against the file's bytes."""
+    odd = "'''Odd: \u2028 and \x1c.'''\n\f\n" + SOURCE.removeprefix('"""Sample."""\n')
+    text = odd.replace("\n", "\r\n")
+    covered = {10}  # the `if item < limit and item is not None:` line, one lower here
+    mutants = mutations_of_file("s.py", text, covered)
+    assert all(m.line == 10 for m in mutants)
+    assert {m.kind for m in mutants} >= {"flip_comparison", "drop_condition", "invert_if"}
+    for mutant in mutants:
+        if mutant.kind in ("flip_comparison", "change_constant", "invert_if"):
+            changed = [x for x in split_lines(file_diff("s.py", text, mutant.mutated))[4:]]
+            changed = [x for x in changed if x[:1] in "+-"]
+            assert len(changed) == 2 and "if " in changed[0], changed
+            assert all(x.endswith("\r\n") for x in changed)

@@ -247,7 +247,7 @@ def candidate_mutations(ctx: ProjectContext, baseline: Baseline, seed: int) -> l
         covered = baseline.covered.get(rel)
         if not covered:
             continue
-        text = (ctx.root / rel).read_text(encoding="utf-8")
+        text = (ctx.root / rel).read_bytes().decode("utf-8")  # byte-exact: CRLF kept
         found += mutations_of_file(rel, text, covered)
     return pick(found, seed)
 
@@ -330,7 +330,7 @@ def mutation_row(
     setup = file_diff(mutant.path, mutant.original, mutant.mutated)
     tests = ""
     for rel in hidden:
-        text = (ctx.root / rel).read_text(encoding="utf-8")
+        text = (ctx.root / rel).read_bytes().decode("utf-8")  # byte-exact: CRLF kept
         setup += file_diff(rel, text, None)
         tests += file_diff(rel, None, text)
     env = ctx.row_environment.model_copy(update={"setup_patch": setup})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -75,12 +76,22 @@ class Mutation:
     mutated: str
 
 
+# A line of Python source as the tokenizer (and so `ast`'s line numbers) counts it: ended by
+# "\r\n", "\r" or "\n" only; form feeds, "\x1c" or U+2028 (str.splitlines's) end none.
+_SOURCE_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def source_lines(text: str) -> list[str]:
+    """`text`'s lines as Python numbers them, each with its line end (they join back to it)."""
+    return _SOURCE_LINE.findall(text)
+
+
 class _Source:
     """A file's lines with byte-offset aware replacement of single-line spans."""
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.lines = text.splitlines(keepends=True)
+        self.lines = source_lines(text)
 
     def replace_span(self, node: ast.AST, new: str) -> str | None:
         """The text with `node`'s span (on one line) replaced by `new`."""
@@ -131,7 +142,7 @@ class _Segment:
         """Whether the mutant's AST differs (False: it does not parse), None: cannot tell."""
         if self.dump is None:
             return None
-        lines = mutated.splitlines(keepends=True)
+        lines = source_lines(mutated)
         last = self.last - (self.total - len(lines))
         dump = self._dump("".join(lines[self.first - 1 : last]))
         if dump is None:
