@@ -11,6 +11,10 @@ namespace dies with it, so nothing it started survives.
 
 Commands do not share a shell: each starts in `/workspace` with a fresh environment; files in
 the workspace and in `/tmp` persist, processes do not.
+
+`bubblewrap_available()` (checked by every `start`) keeps a successful probe for the process; a
+failed one only for `PROBE_RETRY_AFTER_S`, so a transient failure (a probe timing out under load)
+fails the starts of that moment as infrastructure errors and is probed again after.
 """
 
 from __future__ import annotations
