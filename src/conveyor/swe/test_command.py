@@ -1,7 +1,8 @@
 """A task row's test command, checked and split into how Python starts and the pytest flags.
 
-A row says how its tests run: `python -m pytest` (or `pytest`), a wrapper such as `python -m coverage run ...
--m pytest`, and (as SWE-bench rows do) pytest flags after it: `python -m pytest -rA -p no:xdist`.
+A row says how its tests run: `python -m pytest` (or `pytest`), a wrapper such as `python -m
+coverage run ... -m pytest`, and (as SWE-bench rows do) pytest flags after it: `python -m pytest
+-rA -p no:xdist`.
 The grader never runs the command as written: it starts its own bootstrap under `python -I` in
 place of `-m pytest`, passes the row's flags to pytest, then its own flags (`-p no:cacheprovider
 --continue-on-collection-errors -q --rootdir=...`) and the test files it selected, so on a flag
@@ -85,9 +86,7 @@ def parse_test_command(test_cmd: str) -> TestCommand:
     words = shlex.split(test_cmd)
     if words[:1] == ["pytest"]:  # as SWE-bench writes it: the same as `python -m pytest`
         words = ["python", "-m", *words]
-    at = next(
-        (i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None
-    )
+    at = next((i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None)
     if not words or words[0] not in PYTHONS or at is None:
         raise ValueError(
             f"test command {test_cmd!r}: expected 'python [-m wrapper ...] -m pytest [flags]' "
