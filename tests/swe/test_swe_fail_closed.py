@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def _marker_row(marker: Path) -> SweRow:
 
 
 @pytest.fixture
-def failing_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def failing_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """PATH with the failing stand-in `bwrap` first, and no answer of an earlier probe kept
     (as in a fresh process); the real PATH and a fresh probe come back afterwards."""
     bin_dir = tmp_path / "fake-bin"

@@ -19,6 +19,7 @@ fails the starts of that moment as infrastructure errors and is probed again aft
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
@@ -105,7 +106,8 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
         """Check that bubblewrap works here and the folders exist; `RuntimeFailure` otherwise."""
         if self._closed:
             raise RuntimeFailure("bubblewrap runtime is closed and cannot be started again")
-        ok, reason = bubblewrap_available()
+        # In a thread: a probe (the first, or one after a failure) may take seconds under load.
+        ok, reason = await asyncio.to_thread(bubblewrap_available)
         if not ok:
             raise RuntimeFailure(f"bubblewrap is not usable here: {reason}")
         if not self.workspace.is_dir():
