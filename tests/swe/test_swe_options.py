@@ -228,3 +228,21 @@ def test_the_grade_cli_takes_the_run_s_grading_settings(tmp_path: Path) -> None:
     }.items():
         bad = CliRunner().invoke(tasks_app, [*args, "--set", setting])
         assert bad.exit_code == 2 and message in bad.output, bad.output
+
+
+def test_processes_without_a_composition_build_the_swe_family_with_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verl bridge's dataset export builds families from the config alone: its swe rows are
+    the config's, not those of the environment variable."""
+    from conveyor.bridges.verl.dataset import rows as verl_rows
+
+    mine = _rows(tmp_path / "mine.jsonl", *(f"mine-{i:03d}" for i in range(40)))
+    other = _rows(tmp_path / "other.jsonl", *(f"other-{i:03d}" for i in range(40)))
+    monkeypatch.setenv("CONVEYOR_SWE_TASKS", str(other))
+    config = load_config(
+        None, ["tasks.families=[swe]", ROOMY, f"tasks.options={{swe: {{rows: [{mine}]}}}}"]
+    ).config
+    exported = verl_rows(config, split="train", n=2)
+    ids = [json.loads(r["extra_info"]["task"])["data"]["row"]["instance_id"] for r in exported]
+    assert len(ids) == 2 and all(i.startswith("mine-") for i in ids)

@@ -222,6 +222,13 @@ def build_families(
     }
 
 
+def options_services(options: Mapping[str, Mapping[str, Any]]) -> Callable[[str], FamilyServices]:
+    """`build_families`' `services` for a process that has a config but no side models: each
+    family gets its `tasks.options` entry (so its rows and settings are the config's, not a
+    default's) and no user or judge client."""
+    return lambda name: FamilyServices(options=dict(options.get(name) or {}))
+
+
 def _takes(factory: Callable[..., object], parameter: str) -> bool:
     try:
         parameters = inspect.signature(factory).parameters
