@@ -90,6 +90,18 @@ def test_grading_raises_runtime_failure_when_the_probe_fails__fake_bwrap(
 
 
 @needs_sandbox
+def test_the_policy_s_auto_runtime_stays_bubblewrap_when_the_probe_fails__fake_bwrap(
+    failing_bwrap: Path,
+) -> None:
+    """`runtime.kind: auto` is bubblewrap for swe whatever the probe says: a rollout whose
+    sandbox cannot start fails its init (`RuntimeFailure`, an infra error), never runs local."""
+    family = get_family("swe", RuntimeConfig(kind="auto"))
+    assert isinstance(family, SweFamily) and family.runtime_kind == "bubblewrap"
+    with pytest.raises(RuntimeFailure, match=r"bubblewrap is not usable here.*stand-in"):
+        asyncio.run(family.make_runtime(family.task(tiny_row())))
+
+
+@needs_sandbox
 @pytest.mark.filterwarnings("ignore:LocalRuntime does not isolate")
 def test_the_marker_appears_when_grading_is_unsandboxed_on_purpose(tmp_path: Path) -> None:
     """The control: the marker is a real witness. Unsandboxed grading (its loud key) writes it;
