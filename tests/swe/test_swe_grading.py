@@ -241,8 +241,9 @@ def test_cli_names_a_broken_task(tmp_path: Path) -> None:
 
 @pytest.mark.filterwarnings("ignore:LocalRuntime does not isolate")
 def test_the_local_runtime_grades_through_the_same_channel() -> None:
-    """Where bubblewrap cannot run, grading falls back to the local runtime (trusted patches
-    only): the outcome descriptor is handed over the same way."""
-    gold = _grade(FIX, runtime="local")
+    """Unsandboxed grading, only when asked for with its loud key (trusted patches only): the
+    outcome descriptor is handed over the same way."""
+    trusted = {"runtime": "local", "unsandboxed_grading_i_trust_the_policy": True}
+    gold = _grade(FIX, **trusted)
     assert gold.resolved and not gold.violations
-    assert not _grade("", runtime="local").resolved
+    assert not _grade("", **trusted).resolved

@@ -324,6 +324,27 @@ class TasksConfig(Section):
         "grades by exact match alone.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_family_options(cls, data: Any) -> Any:
+        """A family with a `resolve_options` class method turns its `tasks.options` entry into
+        what the run uses, checked now and recorded so in `config.yaml` (swe: rows as absolute
+        paths with content hashes)."""
+        if not isinstance(data, dict):
+            return data
+        families, options = data.get("families"), data.get("options") or {}
+        if not isinstance(families, list) or not isinstance(options, dict):
+            return data  # the field checks report it
+        resolved = dict(options)
+        for name in families:
+            if not isinstance(name, str) or name not in FAMILIES:
+                continue  # an unknown name is reported by `_families_unique`
+            entry = options.get(name) or {}
+            resolve = getattr(FAMILIES.get(name), "resolve_options", None)
+            if callable(resolve) and isinstance(entry, dict):
+                resolved[name] = resolve(entry)
+        return {**data, "options": resolved}
+
     @model_validator(mode="after")
     def _options_name_families(self) -> Self:
         stray = sorted(set(self.options) - set(self.families))

@@ -58,12 +58,14 @@ class FactoryParts:
     def __init__(self, config: ConveyorConfig) -> None:
         from conveyor.engines.factory import load_tokenizer
         from conveyor.models import resolve_model_path
-        from conveyor.tasks.family import build_families
+        from conveyor.tasks.family import build_families, options_services
 
         self.config = config
         self.model_dir = resolve_model_path(config.model.path)
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.families = build_families(config.tasks.families, config.runtime)
+        self.families = build_families(
+            config.tasks.families, config.runtime, options_services(config.tasks.options)
+        )
         self._engine: SamplingClient | None = None
 
     async def checked_engine(self) -> SamplingClient:

@@ -11,16 +11,23 @@ namespace dies with it, so nothing it started survives.
 
 Commands do not share a shell: each starts in `/workspace` with a fresh environment; files in
 the workspace and in `/tmp` persist, processes do not.
+
+`bubblewrap_available()` (checked by every `start`) keeps a successful probe for the process; a
+failed one only for `PROBE_RETRY_AFTER_S`, so a transient failure (a probe timing out under load)
+fails the starts of that moment as infrastructure errors and is probed again after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -99,7 +106,8 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
         """Check that bubblewrap works here and the folders exist; `RuntimeFailure` otherwise."""
         if self._closed:
             raise RuntimeFailure("bubblewrap runtime is closed and cannot be started again")
-        ok, reason = bubblewrap_available()
+        # In a thread: a probe (the first, or one after a failure) may take seconds under load.
+        ok, reason = await asyncio.to_thread(bubblewrap_available)
         if not ok:
             raise RuntimeFailure(f"bubblewrap is not usable here: {reason}")
         if not self.workspace.is_dir():
@@ -207,9 +215,51 @@ def build_bubblewrap(request: RuntimeRequest, settings: RuntimeConfig) -> Bubble
     return runtime
 
 
-@functools.cache
-def bubblewrap_available() -> tuple[bool, str]:
-    """Whether sandboxes can be made here, and why not: the tools exist and a probe runs."""
+# After a failed probe, callers within this many seconds get its answer without probing again
+# (a probe under load may itself take up to its 30 s timeout); a success is kept for good.
+PROBE_RETRY_AFTER_S = 5.0
+
+
+class _BubblewrapProbe:
+    """`bubblewrap_available()`: a success is remembered for the process, a failure only for
+    `PROBE_RETRY_AFTER_S` (it may be transient: a probe timing out under load), so one bad probe
+    never decides the rest of a run. `cache_clear()` forgets both; `__wrapped__()` probes
+    without the memory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ok: tuple[bool, str] | None = None
+        self._failed: tuple[float, tuple[bool, str]] | None = None
+
+    def __call__(self) -> tuple[bool, str]:
+        """Whether sandboxes can be made here, and why not: the tools exist and a probe runs."""
+        with self._lock:
+            if self._ok is not None:
+                return self._ok
+            if self._failed is not None:
+                at, answer = self._failed
+                if time.monotonic() - at < PROBE_RETRY_AFTER_S:
+                    return answer
+            answer = probe_bubblewrap()
+            if answer[0]:
+                self._ok, self._failed = answer, None
+            else:
+                self._failed = (time.monotonic(), answer)
+            return answer
+
+    @staticmethod
+    def __wrapped__() -> tuple[bool, str]:
+        return probe_bubblewrap()
+
+    def cache_clear(self) -> None:
+        """Forget the last answer: the next call probes."""
+        with self._lock:
+            self._ok = self._failed = None
+
+
+def probe_bubblewrap() -> tuple[bool, str]:
+    """One probe, nothing remembered: the tools are on PATH and a sandbox starts as the sandbox
+    user. `(ok, why not)`."""
     missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
     if missing:
         hint = " (apt-get install bubblewrap)" if "bwrap" in missing else ""
@@ -224,6 +274,9 @@ def bubblewrap_available() -> tuple[bool, str]:
         detail = done.stderr.strip() or f"exit code {done.returncode}"
         return False, f"the bwrap probe failed: {detail}"
     return True, "bubblewrap works"
+
+
+bubblewrap_available = _BubblewrapProbe()
 
 
 def _bwrap_base(limits: SandboxLimits, tmp: Path | None = None) -> list[str]:

@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import yaml
+
+if TYPE_CHECKING:
+    from conveyor.swe.grading import GradingOptions
 
 tasks_app = typer.Typer(
     help="Make SWE-bench-style tasks offline from PyPI sdists, and grade patches against them.",
@@ -81,6 +85,9 @@ def build(
     typer.echo(report.to_json())
 
 
+GRADING_KEY = "tasks.options.swe.grading"
+
+
 @tasks_app.command("grade")
 def grade_command(
     tasks: Annotated[Path, typer.Option(help="JSONL (or parquet) file of task rows.")],
@@ -90,36 +97,59 @@ def grade_command(
     ] = None,
     gold: Annotated[bool, typer.Option(help="Grade the row's own gold patch.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON summary.")] = False,
-    partial_credit: Annotated[bool, typer.Option(help="Report F2P share as reward.")] = False,
-    test_timeout: Annotated[float, typer.Option(help="Seconds per test.")] = 30.0,
+    config: Annotated[
+        Path | None,
+        typer.Option(help=f"A run's YAML config: grade with its {GRADING_KEY} settings."),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help=f"A grading setting, a key of {GRADING_KEY} (the prefix may be written out): "
+            "--set run_timeout_s=1200 (repeatable; after --config, before the flags below).",
+        ),
+    ] = None,
+    partial_credit: Annotated[
+        bool | None, typer.Option(help="Report F2P share as reward (grading.partial_credit).")
+    ] = None,
+    test_timeout: Annotated[
+        float | None, typer.Option(help="Seconds per test (grading.per_test_timeout_s; 30).")
+    ] = None,
     semantics: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="strict: only a real pass counts (the RL reward); swebench: xfailed counts as "
-            "passing too, as in SWE-bench's report."
+            "passing too, as in SWE-bench's report (grading.semantics; strict)."
         ),
-    ] = "strict",
+    ] = None,
 ) -> None:
     """Build the task's workspace, apply the patch, run its tests and report (exit 0 when graded,
-    resolved or not; 2 on a bad row or file, or a broken task: its test patch does not apply)."""
+    resolved or not; 2 on a bad row, file or setting, or a broken task: its test patch does not
+    apply). The grading settings are those of a run (`tasks.options.swe.grading`): from
+    `--config`, then `--set`, then the flags."""
     from conveyor.swe.dataset import find_row
-    from conveyor.swe.grading import GradingOptions, grade
+    from conveyor.swe.grading import UNSANDBOXED_WARNING, grade
     from conveyor.types import TaskDefect
 
-    if semantics not in ("strict", "swebench"):
+    if semantics is not None and semantics not in ("strict", "swebench"):
         _fail(f"--semantics must be strict or swebench, not {semantics!r}")
-
+    flags = {
+        "partial_credit": partial_credit,
+        "per_test_timeout_s": test_timeout,
+        "semantics": semantics,
+    }
+    try:
+        options = grading_options(config, set_ or [], flags)
+    except ValueError as exc:
+        _fail(str(exc))
+    if options.unsandboxed:
+        typer.secho(f"WARNING: {UNSANDBOXED_WARNING}", fg=typer.colors.RED, err=True)
     try:
         row = find_row(tasks, instance)
     except (KeyError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     # Byte-exact (no newline translation): a patch of a CRLF file must keep its "\r".
     text = row.patch if gold else (_read_patch(patch) if patch else "")
-    options = GradingOptions(
-        partial_credit=partial_credit,
-        per_test_timeout_s=test_timeout,
-        semantics=semantics,  # type: ignore[arg-type]
-    )
     try:
         report = asyncio.run(grade(row, text, options))
     except (ValueError, TaskDefect) as exc:
@@ -151,3 +181,26 @@ def grade_command(
 def _read_patch(path: Path) -> str:
     """A patch file's text, byte for byte (bytes that are not UTF-8 survive as escapes)."""
     return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def grading_options(
+    config: Path | None, settings: list[str], flags: dict[str, Any]
+) -> GradingOptions:
+    """The grading settings of `conveyor tasks grade`: `config`'s `tasks.options.swe.grading`,
+    then each `KEY=VALUE` of `settings` (a YAML value), then the `flags` that are not None.
+    `ValueError` naming the bad setting (a `ConfigError` for a bad config file)."""
+    from conveyor.config import load_config
+    from conveyor.swe.grading import GradingOptions
+    from conveyor.tasks.family import family_options
+
+    values: dict[str, Any] = {}
+    if config is not None:
+        swe = load_config(config).config.tasks.options.get("swe") or {}
+        values.update(swe.get("grading") or {})
+    for setting in settings:
+        key, eq, raw = setting.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--set {setting!r}: expected KEY=VALUE, e.g. run_timeout_s=1200")
+        values[key.strip().removeprefix(f"{GRADING_KEY}.")] = yaml.safe_load(raw)
+    values.update({key: value for key, value in flags.items() if value is not None})
+    return family_options("swe.grading", GradingOptions, values)

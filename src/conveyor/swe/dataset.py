@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor.swe.test_command import parse_test_command
+
 PYPI_PREFIX = "pypi:"
 
 
@@ -25,9 +27,19 @@ class RowEnvironment(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pythonpath: str = Field(".", description="Folder put on PYTHONPATH to import the project.")
-    test_cmd: str = Field("python -m pytest", description="Command prefix that runs pytest.")
+    test_cmd: str = Field(
+        "python -m pytest",
+        description="How pytest runs: 'python [-m wrapper ...] -m pytest [flags]'; only "
+        "flags that change what pytest prints or switch a plugin off (`test_command`).",
+    )
     extra_test_deps: list[str] = Field(default_factory=list, description="pip requirements.")
     setup_patch: str = Field("", description="Diff from the sdist to the task's starting state.")
+
+    @field_validator("test_cmd")
+    @classmethod
+    def _grader_can_run(cls, test_cmd: str) -> str:
+        parse_test_command(test_cmd)  # a row the grader would refuse is refused when read
+        return test_cmd
 
 
 class SweRow(BaseModel):

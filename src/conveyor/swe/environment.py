@@ -2,10 +2,12 @@
 
 - `project_source(name, version)`: the sdist from PyPI (`pip download --no-binary :all:`),
   unpacked once into `<home>/src/<name>-<version>`: the pristine tree every task starts from.
-- `test_environment(deps)`: a venv with pytest, coverage, the task's extra test dependencies and
-  our outcome plugin and bootstrap, keyed by its dependency list; mounted read-only into every
-  sandbox. The shared venv is never changed per task: the project is imported from the workspace
-  (`environment.pythonpath`), and
+- `test_environment(deps)`: a venv with pytest, coverage and the task's extra test dependencies,
+  keyed by its dependency list; mounted read-only into every sandbox, the policy's too. The
+  shared venv is never changed per task: the project is imported from the workspace
+  (`environment.pythonpath`). The grader's own code (outcome plugin and bootstrap) is not in it:
+  it lives in `grader_dir()`, `<home>/grader/<hash of its sources>`, mounted only into the
+  grader's sandboxes, so the policy's sandbox cannot read it;
 - `project_metadata(name, version)`: the project's own `.dist-info` (built once from its sdist
   with `pip wheel --no-deps`), a folder put on `sys.path` next to the workspace, so
   `importlib.metadata` and the project's entry points work as if it were installed without its
@@ -152,7 +154,8 @@ def _unpack(archive: Path, into: Path) -> None:
 
 @dataclass(frozen=True)
 class TestEnvironment:
-    """A built venv: its folder, the plugin folder to put on PYTHONPATH, and what it holds."""
+    """A built venv: its folder and what it holds, plus the grader's folder (`plugin_dir`: the
+    outcome plugin and bootstrap, outside the venv; mounted only where the grader runs tests)."""
 
     path: Path
     plugin_dir: Path
@@ -168,7 +171,7 @@ class TestEnvironment:
 
     @property
     def bootstrap(self) -> Path:
-        """The grader's pytest entry point (`pytest_bootstrap.py`) in the read-only plugin dir."""
+        """The grader's pytest entry point (`pytest_bootstrap.py`) in the grader's folder."""
         return self.plugin_dir / BOOTSTRAP_SCRIPT
 
 
@@ -180,36 +183,65 @@ def _plugin_files() -> dict[str, str]:
     }
 
 
+def grader_dir() -> Path:
+    """The grader's folder, `<home>/grader/<hash>`: the outcome plugin and the bootstrap, as
+    this version of conveyor ships them. Outside every venv and workspace, so no policy sandbox
+    mounts it; the grader mounts it read-only into its own sandboxes only. Written once per
+    version (checked on every call: a file that differs is written again)."""
+    files = _plugin_files()
+    key = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+    path = swe_home() / "grader" / key
+    if _holds(path, files):
+        return path
+    with locked(f"grader-{key}"):
+        if not _holds(path, files):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                staging = Path(tmp) / "grader"
+                staging.mkdir()
+                for name, text in files.items():
+                    (staging / name).write_text(text)
+                    os.chmod(staging / name, 0o644)
+                os.chmod(staging, 0o755)  # the sandbox user reads it where it is mounted
+                shutil.rmtree(path, ignore_errors=True)
+                os.replace(staging, path)
+    return path
+
+
+def _holds(path: Path, files: dict[str, str]) -> bool:
+    try:
+        return all((path / name).read_text() == text for name, text in files.items())
+    except OSError:
+        return False
+
+
 def test_environment(extra_deps: list[str] | tuple[str, ...] = ()) -> TestEnvironment:
-    """The venv with pytest, coverage and `extra_deps`, built once per dependency list."""
+    """The venv with pytest, coverage and `extra_deps`, built once per dependency list, and the
+    grader's folder (`grader_dir`)."""
     deps = sorted({*BASE_TEST_DEPS, *extra_deps})
-    plugin = _plugin_files()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    key = hashlib.sha256(json.dumps([version, deps, plugin]).encode()).hexdigest()[:12]
+    # The grader's code is not part of the key: it is not in the venv (see `grader_dir`).
+    key = hashlib.sha256(json.dumps([version, deps, "no-plugins"]).encode()).hexdigest()[:12]
     path = swe_home() / "envs" / f"py{version}-{key}"
     with locked(f"env-{key}"):
         if not (path / "conveyor-env.json").exists():
-            _build_env(path, deps, plugin)
+            _build_env(path, deps)
     info = json.loads((path / "conveyor-env.json").read_text())
     return TestEnvironment(
         path=path,
-        plugin_dir=path / "conveyor-plugins",
+        plugin_dir=grader_dir(),
         site_packages=Path(info["site_packages"]),
         top_level_modules=tuple(info["top_level_modules"]),
     )
 
 
-def _build_env(path: Path, deps: list[str], plugin: dict[str, str]) -> None:
+def _build_env(path: Path, deps: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     base = getattr(sys, "_base_executable", sys.executable)
     _run([base, "-m", "venv", str(path)])
     python = str(path / "bin" / "python")
     _run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *deps])
-    plugins = path / "conveyor-plugins"
-    plugins.mkdir()
-    for name, text in plugin.items():
-        (plugins / name).write_text(text)
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     site_packages = Path(site.strip())
     tops = sorted(

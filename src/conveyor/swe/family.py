@@ -1,9 +1,12 @@
 """The `swe` task family: SWE-bench-format rows of `pypi:` projects, solved in a sandbox.
 
-Rows come from the JSONL/parquet files in `$CONVEYOR_SWE_TASKS` (paths separated by `:`), by
-default every `*.jsonl` under `<swe_home>/tasks` (where `conveyor tasks build --out` puts them
-in the docs' examples). An instance's split is a hash of its `instance_id` (`split_of`), so no
-seed moves a task between splits.
+Options (`tasks.options.swe`, `SweOptions` in `swe.options`): `rows`, the row files (paths or
+task set names; recorded in the run's `config.yaml` with their content hashes), and `grading`
+(`GradingOptions`: semantics, timeouts, the grading runtime). Without `rows`, the rows come
+from the JSONL/parquet files in `$CONVEYOR_SWE_TASKS` (paths separated by `:`), by default every
+`*.jsonl` under `<swe_home>/tasks` (where `conveyor tasks build --out` puts them in the docs'
+examples). An instance's split is a hash of its `instance_id` (`split_of`), so no seed moves a
+task between splits.
 
 Per rollout (`make_runtime`): an overlay workspace of the task's starting state, a runtime of
 `runtime.kind` over it (bubblewrap by default; local or docker) with the project's test venv
@@ -15,10 +18,11 @@ applies the gold patch through `str_replace_editor` edits, then finishes.
 
 from __future__ import annotations
 
-import os
+import logging
 import random
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.grading import (
-    GradingOptions,
+    UNSANDBOXED_WARNING,
     grade_runtime,
     row_environment,
     row_metadata,
@@ -42,11 +46,12 @@ from conveyor.swe.grading import (
     test_env_vars,
 )
 from conveyor.swe.hints import SweHintPolicy
+from conveyor.swe.options import TASKS_ENV, SweOptions, default_row_files, resolve_swe_options
 from conveyor.swe.patches import apply_patch, file_diff, patch_paths, read_text, split_lines
-from conveyor.tasks.family import SPLIT_SHARES, register_family, split_of, task_id
-from conveyor.types import Task, ToolCall
+from conveyor.tasks.family import SPLIT_SHARES, family_options, register_family, split_of, task_id
+from conveyor.types import FamilyServices, Task, ToolCall
 
-TASKS_ENV = "CONVEYOR_SWE_TASKS"
+log = logging.getLogger(__name__)
 BASH_TIMEOUT_S = 60.0
 SWE_INDEXES = IndexCache(max_entries=16)
 # Workspace roots swept of what crashed processes left, once per process.
@@ -63,11 +68,8 @@ SYSTEM_PROMPT = (
 
 
 def task_files() -> list[Path]:
-    """The row files the family reads (see the module doc)."""
-    configured = os.environ.get(TASKS_ENV)
-    if configured:
-        return [Path(p).expanduser() for p in configured.split(":") if p]
-    return sorted((swe_home() / "tasks").glob("*.jsonl"))
+    """The row files a family without `tasks.options.swe.rows` reads (see the module doc)."""
+    return default_row_files()
 
 
 class SweRuntime(RuntimeWrapper[Runtime]):
@@ -122,26 +124,46 @@ class SweFamily:
     # The kinds a rollout can run in (the first is auto's): a workspace on this host, with
     # commands sandboxed, plain or in a container.
     runtimes: tuple[str, ...] = ("bubblewrap", "local", "docker")
-    grading = GradingOptions()
     # Workspace copy, patch application and sandbox start around the graded test run (seconds).
     grading_setup_s = 60.0
 
     @property
     def reward_budget_s(self) -> float:
-        """The longest `score` may legitimately take: the test run's limit plus set-up (the
-        config check refuses a reward-stage timeout below it)."""
+        """The longest `score` may legitimately take: the configured test run's limit
+        (`grading.run_timeout_s`) plus set-up (the config check refuses a reward-stage timeout
+        below it)."""
         return self.grading.run_timeout_s + self.grading_setup_s
 
     hint_policy = SweHintPolicy
 
-    def __init__(self, runtime: RuntimeConfig | None = None) -> None:
+    def __init__(
+        self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
+    ) -> None:
         self.runtime = runtime if runtime is not None else RuntimeConfig()
         self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        options = services.options if services is not None else {}
+        self.options = family_options(self.name, SweOptions, options)
+        self.grading = self.options.grading
+        if self.grading.unsandboxed:
+            log.warning(UNSANDBOXED_WARNING)
+
+    @classmethod
+    def resolve_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """`tasks.options.swe` as the run uses and records it (`swe.options.resolve_swe_options`:
+        rows as absolute paths with content hashes, every grading key)."""
+        return resolve_swe_options(options)
+
+    def row_files(self) -> list[Path]:
+        """The row files this family reads: `tasks.options.swe.rows` (each checked unchanged
+        since the config recorded it), else `task_files()`."""
+        if self.options.rows is not None:
+            return [rows.check_unchanged() for rows in self.options.rows]
+        return task_files()
 
     def rows(self) -> list[SweRow]:
         """Every row of the configured files, in file order."""
         rows: list[SweRow] = []
-        for path in task_files():
+        for path in self.row_files():
             rows += load_rows(path)
         return rows
 
@@ -155,7 +177,9 @@ class SweFamily:
         )
         random.Random(f"swe/{seed}/{split}").shuffle(rows)
         if len(rows) < n:
-            files = ", ".join(str(p) for p in task_files()) or f"none (set ${TASKS_ENV})"
+            files = ", ".join(str(p) for p in self.row_files()) or (
+                f"none (set tasks.options.swe.rows, or ${TASKS_ENV})"
+            )
             raise ValueError(f"swe: only {len(rows)} '{split}' tasks in {files}; asked for {n}")
         return [self.task(row, split, i) for i, row in enumerate(rows[:n])]
 

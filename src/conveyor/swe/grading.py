@@ -34,11 +34,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from conveyor.runtime.base import ExecResult, Runtime
+from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
@@ -55,6 +55,7 @@ from conveyor.swe.environment import (
 )
 from conveyor.swe.environment import test_environment as build_test_environment
 from conveyor.swe.patches import PatchError, TreeDiff, apply_patch, tree_diff
+from conveyor.swe.test_command import parse_test_command
 from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
 from conveyor.types import TaskDefect
 
@@ -63,21 +64,64 @@ __all__ = ["GradeReport", "GradingOptions", "TestOutcome", "TestRun", "grade", "
 GRADE_DIR = ".conveyor-grade"
 _LOG_TAIL_BYTES = 4000
 _PYTEST_OPTIONS = "-p no:cacheprovider --continue-on-collection-errors -q"
+GradingRuntime = Literal["auto", "bubblewrap", "local"]
 
 
 class GradingOptions(BaseModel):
-    """How tests are run for grading."""
+    """How tests are run for grading (`tasks.options.swe.grading`, `conveyor tasks grade --set`).
+
+    The grader's tests always run in bubblewrap (`runtime` `auto` or `bubblewrap`; a sandbox
+    that cannot start is an infrastructure error, never a reason to run without it). `local`
+    runs them unsandboxed on this host, where the policy's code could rewrite its own verdict:
+    only with `unsandboxed_grading_i_trust_the_policy: true`, and said in a warning at start.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     per_test_timeout_s: float = Field(30.0, gt=0, description="Per test (setup+call+teardown).")
     run_timeout_s: float = Field(900.0, gt=0, description="Whole pytest run.")
     partial_credit: bool = Field(False, description="Reward the share of F2P passing.")
-    runtime: str = Field("auto", description="auto | bubblewrap | local")
+    runtime: GradingRuntime = Field(
+        "auto", description="auto (= bubblewrap) | bubblewrap | local (needs the key below)"
+    )
+    unsandboxed_grading_i_trust_the_policy: bool = Field(
+        False, description="Allow runtime 'local': the graded tests run without a sandbox."
+    )
     memory_bytes: int = Field(4 << 30, gt=0, description="Address space per process.")
     semantics: Semantics = Field(
         "strict",
         description="strict: only a real pass counts (for rewards); swebench: xfailed counts "
         "as passing too, as in SWE-bench's report.",
     )
+
+    @model_validator(mode="after")
+    def _unsandboxed_only_when_meant(self) -> Self:
+        trusted = self.unsandboxed_grading_i_trust_the_policy
+        if self.runtime == "local" and not trusted:
+            raise ValueError(
+                "runtime 'local' grades without a sandbox (the tests run the policy's code on "
+                "this host, where it can rewrite its own verdict); set "
+                "unsandboxed_grading_i_trust_the_policy: true to allow it"
+            )
+        if trusted and self.runtime != "local":
+            raise ValueError(
+                "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
+                f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
+            )
+        return self
+
+    @property
+    def unsandboxed(self) -> bool:
+        """Whether the graded tests run without a sandbox (`runtime: local`)."""
+        return self.runtime == "local"
+
+
+UNSANDBOXED_WARNING = (
+    "SWE GRADING RUNS UNSANDBOXED (grading runtime 'local', "
+    "unsandboxed_grading_i_trust_the_policy: true): the graded tests run the policy's code on "
+    "this host with your user's rights; it can read and change anything you can, the grader's "
+    "verdict included. Use this only for a policy you trust."
+)
 
 
 class GradeReport(BaseModel):
@@ -118,15 +162,25 @@ def make_test_runtime(
     limits: SandboxLimits | None = None,
     extra_ro_binds: Sequence[Path] = (),
 ) -> BubblewrapRuntime | LocalRuntime:
-    """A (not yet started) runtime over `workspace` with the test venv: bubblewrap where it
-    works (`auto`), else the local runtime, which warns that it does not isolate."""
-    if kind == "bubblewrap" or (kind == "auto" and bubblewrap_available()[0]):
-        return BubblewrapRuntime(
-            workspace, env_dir=env.path, limits=limits, extra_ro_binds=extra_ro_binds
-        )
-    if kind not in ("auto", "local"):
-        raise ValueError(f"unknown runtime {kind!r}; use auto, bubblewrap or local")
-    return LocalRuntime(workspace, limits=limits)
+    """A (not yet started) runtime over `workspace` with the test venv and the grader's folder
+    (`env.plugin_dir`, mounted here and nowhere else): bubblewrap for `auto` and `bubblewrap`.
+
+    Fails closed: `RuntimeFailure` (an infrastructure error of the rollout being graded, which
+    the dispatcher retries and counts) when bubblewrap is not usable here, never a fallback to
+    an unsandboxed run. `local` (no isolation) only when named; `GradingOptions` refuses it
+    without its loud key."""
+    if kind in ("auto", "bubblewrap"):
+        ok, reason = bubblewrap_available()
+        if not ok:
+            raise RuntimeFailure(
+                f"the grader's sandbox (bubblewrap) is not usable here: {reason}; grading "
+                "never runs unsandboxed, so this rollout is an infrastructure error"
+            )
+        mounts = [env.plugin_dir, *extra_ro_binds]
+        return BubblewrapRuntime(workspace, env_dir=env.path, limits=limits, extra_ro_binds=mounts)
+    if kind == "local":
+        return LocalRuntime(workspace, limits=limits)
+    raise ValueError(f"unknown grading runtime {kind!r}; use auto, bubblewrap or local")
 
 
 def test_env_vars(
@@ -150,14 +204,10 @@ def test_env_vars(
 
 def pytest_command(test_cmd: str, env: TestEnvironment) -> str:
     """`test_cmd` (`python -m pytest`, or a wrapper such as `python -m coverage run ... -m
-    pytest`) made to start our bootstrap under `python -I` instead of pytest."""
-    words = shlex.split(test_cmd)
-    if len(words) < 3 or words[0] not in ("python", "python3") or words[-2:] != ["-m", "pytest"]:
-        raise ValueError(
-            f"test command {test_cmd!r}: expected 'python [-m wrapper ...] -m pytest' "
-            "(the grader starts pytest through its own bootstrap)"
-        )
-    return shlex.join([str(env.python), "-I", *words[1:-2], str(env.bootstrap)])
+    pytest`) made to start our bootstrap under `python -I` instead of pytest; the row's pytest
+    flags (`test_command.parse_test_command`) go after the bootstrap's run file."""
+    command = parse_test_command(test_cmd)
+    return shlex.join([str(env.python), "-I", *command.wrapper, str(env.bootstrap)])
 
 
 async def run_tests(
@@ -222,9 +272,11 @@ async def run_tests(
         os.chmod(shared / "run.json", 0o644)
         runtime.extra_env.update(test_env_vars(env, root, pythonpath, metadata))
         files = " ".join(shlex.quote(a) for a in args)
+        # The row's pytest flags, then ours: on a flag given twice, the grader's wins.
+        row_flags = shlex.join(parse_test_command(test_cmd).pytest_flags)
         command = (
             f"{pytest_command(test_cmd, env)} {shlex.quote(str(shared / 'run.json'))} "
-            f"{_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
+            f"{row_flags} {_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
         )
         await started(runtime)  # waits for the run's start limits: not the tests' time
         start = time.monotonic()

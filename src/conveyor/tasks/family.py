@@ -21,7 +21,10 @@ Optional parts a family may have, each found by `isinstance` against its protoco
 - class attributes `source` (where the instances come from) and `version` (of that source, so a
   result can name its data), listed by `conveyor tasks families`;
 - a constructor taking `services` (`FamilyServices`): its `tasks.options` entry and clients for
-  the models that play a part (a simulated user, a judge).
+  the models that play a part (a simulated user, a judge);
+- a class method `resolve_options(options) -> dict`: its `tasks.options` entry as the run uses
+  it, called when the config loads (a `ValueError` refuses the config), so the run's
+  `config.yaml` records what was used (swe: row files as absolute paths with content hashes).
 """
 
 from __future__ import annotations
@@ -217,6 +220,13 @@ def build_families(
         name: get_family(name, runtime, services(name) if services else None)
         for name in dict.fromkeys(names)
     }
+
+
+def options_services(options: Mapping[str, Mapping[str, Any]]) -> Callable[[str], FamilyServices]:
+    """`build_families`' `services` for a process that has a config but no side models: each
+    family gets its `tasks.options` entry (so its rows and settings are the config's, not a
+    default's) and no user or judge client."""
+    return lambda name: FamilyServices(options=dict(options.get(name) or {}))
 
 
 def _takes(factory: Callable[..., object], parameter: str) -> bool:

@@ -36,7 +36,7 @@ from conveyor.config import ConveyorConfig, load_config
 from conveyor.engines.base import EngineError, SampleRequest, SampleResult
 from conveyor.rollout import AgentStages
 from conveyor.runtime.starts import RuntimeStarts
-from conveyor.tasks.family import TaskFamily, build_families
+from conveyor.tasks.family import TaskFamily, build_families, options_services
 from conveyor.types import StopReason, Task, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ def run_parts(extra_info: dict[str, Any]) -> tuple[ConveyorConfig, dict[str, Tas
             config = load_config(Path(key)).config
         else:
             config = ConveyorConfig.model_validate_json(key)
-        parts = (config, build_families(config.tasks.families, config.runtime))
+        services = options_services(config.tasks.options)
+        parts = (config, build_families(config.tasks.families, config.runtime, services))
         _RUNS[key] = parts
     return parts
 

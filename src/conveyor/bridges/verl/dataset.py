@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from conveyor.tasks.family import SPLIT_SHARES, build_families
+from conveyor.tasks.family import SPLIT_SHARES, build_families, options_services
 
 if TYPE_CHECKING:
     from conveyor.config import ConveyorConfig
@@ -39,7 +39,9 @@ def rows(config: ConveyorConfig, *, split: str, n: int | None) -> list[dict[str,
     if count < 1:
         raise ValueError(f"--n must be at least 1, got {count}")
     resolved = config.model_dump_json()
-    families = build_families(config.tasks.families, config.runtime)
+    families = build_families(
+        config.tasks.families, config.runtime, options_services(config.tasks.options)
+    )
     out: list[dict[str, Any]] = []
     for family in families.values():
         for task in family.make_tasks(count, config.tasks.task_seed, split):
