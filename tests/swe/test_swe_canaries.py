@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from tiny_project import CALC, buggy_calc, tiny_row
+from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
 from conveyor.config import ConveyorConfig
@@ -31,7 +34,8 @@ from conveyor.swe.canary_candidates import (
     make_candidate,
     names_in,
 )
-from conveyor.swe.dataset import SweRow, load_rows
+from conveyor.swe.cli import tasks_app
+from conveyor.swe.dataset import SweRow, load_rows, write_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.family import SweFamily
 from conveyor.swe.grading import GradingOptions, grade, row_template
@@ -406,3 +410,83 @@ def test_without_canaries_each_forgery_is_paid(attack: str, no_canaries: None) -
     rule, the forged stream is consistent and signed with the secret read from the frame)."""
     trajectory = _rl_reward(ATTACKS[attack])
     assert trajectory.reward == 1.0 and not _tampered(trajectory)
+
+
+@needs_sandbox
+def test_tasks_grade_json_reports_tampered(tmp_path: Path) -> None:
+    row = tiny_row()
+    tasks = tmp_path / "rows.jsonl"
+    tasks.write_text(row.to_json() + "\n")
+    old = 'def add(a, b):\n    """Sum of a and b."""\n    return a - b\n'
+    patch = tmp_path / "magic.diff"
+    patch.write_text(
+        file_diff("tinycalc/__init__.py", buggy_calc(), buggy_calc().replace(old, MAGIC_EQ))
+    )
+    args = ["grade", "--tasks", str(tasks), "--instance", row.instance_id, "--json"]
+    forged = json.loads(
+        CliRunner().invoke(tasks_app, [*args, "--patch", str(patch)]).output.splitlines()[-1]
+    )
+    assert forged["tampered"] is True and forged["resolved"] is False
+    gold = json.loads(CliRunner().invoke(tasks_app, [*args, "--gold"]).output.splitlines()[-1])
+    assert gold["tampered"] is False and gold["resolved"] is True
+
+
+@needs_sandbox
+def test_concurrent_graders_validate_a_row_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    row = tiny_row("tinycalc__canary_once")
+    for stale in (swe_home() / "canaries").glob(f"{row.instance_id}-*.json"):
+        stale.unlink()
+    validations: list[str] = []
+    validate = canaries.validate
+
+    async def counted(row: SweRow, options: GradingOptions) -> canaries.Validation:
+        validations.append(row.instance_id)
+        return await validate(row, options)
+
+    monkeypatch.setattr(canaries, "validate", counted)
+
+    async def three() -> list[bool]:
+        graded = await asyncio.gather(grade(row, FIX), grade(row, ""), grade(row, FIX))
+        assert all(report.canaries == 1 and not report.tampered for report in graded)
+        return [report.resolved for report in graded]
+
+    assert asyncio.run(three()) == [True, False, True]
+    assert validations == [row.instance_id]
+    assert len(list((swe_home() / "canaries").glob(f"{row.instance_id}-*.json"))) == 1
+
+
+def _toolz_row() -> SweRow:
+    """The first of the 20 toolz mutation tasks the acceptance test uses (built once and
+    cached, as `test_swe_acceptance.toolz_rows` does)."""
+    path = swe_home() / "test-sets" / "toolz.jsonl"
+    if path.exists() and len(rows := load_rows(path)) >= 20:
+        return rows[0]
+    from conveyor.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.swe.projects import spec_for
+
+    rows = asyncio.run(build_mutation_tasks(prepare_project(spec_for("toolz"), "1.2.0"), 20))
+    write_rows(path, rows)
+    return rows[0]
+
+
+@pytest.mark.slow
+@needs_sandbox
+def test_a_toolz_task_validates_canaries_and_catches_a_plugin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    row = _toolz_row()
+    found = asyncio.run(canaries.row_canaries(row, GradingOptions()))
+    assert len(found) >= 1 and all(c.path in canaries.hidden_modules(row) for c in found)
+    gold = asyncio.run(grade(row, row.patch))
+    assert gold.resolved and not gold.tampered and gold.canaries == len(found)
+    attack = [
+        ("toolz/__init__.py", "from .itertoolz import *\n", PLUGIN + "from .itertoolz import *\n")
+    ]
+    forged = _rl_reward(attack, row)
+    assert forged.reward == 0.0 and _tampered(forged)
+
+    async def none(row: SweRow, options: GradingOptions) -> list[Canary]:
+        return []
+
+    monkeypatch.setattr(canaries, "row_canaries", none)
+    assert _rl_reward(attack, row).reward == 1.0  # the plugin is real: without canaries, paid
