@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
 __all__ = ["Canary", "CanaryCheck", "check", "insert_canaries", "row_canaries"]
 
 # Bump when candidates or their validation change: cached validations of older ones are redone.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 # Candidates validated per row (the first that hold are used, up to `GradingOptions.canaries`).
 CANDIDATES = 4
 _LOCK_POLL_S = 0.1
@@ -79,6 +80,7 @@ class Validation:
     candidates: int
     reason: str | None = None
     seconds: float = 0.0
+    renamed: bool = False
 
 
 @dataclass
@@ -113,10 +115,13 @@ def hidden_modules(row: SweRow) -> list[str]:
     return [p for p in dict.fromkeys(paths) if p.endswith(".py") and p not in gold]
 
 
-def candidates(row: SweRow, root: Path, limit: int = CANDIDATES) -> list[Canary]:
+def candidates(
+    row: SweRow, root: Path, limit: int = CANDIDATES, swap: bool | None = None
+) -> list[Canary]:
     """Up to `limit` canaries for the row, made from its tests in `root` (its starting state
     with the hidden test patch applied): F2P tests first, then P2P ones; one per test function
-    (a parametrized test's first selected parameter id)."""
+    (a parametrized test's first selected parameter id). `swap`: whether copies take their
+    original's name (default: a coin per test from the row's hash; False for none)."""
     modules = set(hidden_modules(row))
     parsed: dict[str, tuple[bytes, ast.Module, set[str]]] = {}
     seen: set[str] = set()
@@ -139,7 +144,7 @@ def candidates(row: SweRow, root: Path, limit: int = CANDIDATES) -> list[Canary]
                 continue
             parsed[path] = (data, tree, names_in(tree))
         data, tree, taken = parsed[path]
-        canary = make_candidate(path, data, tree, nodeid, taken, seed)
+        canary = make_candidate(path, data, tree, nodeid, taken, seed, swap)
         if canary is not None:
             found.append(canary)
     return found
@@ -165,6 +170,27 @@ def insert_canaries(root: Path, canaries: Sequence[Canary]) -> list[Canary]:
     return inserted
 
 
+def selection(row: SweRow, canaries: Sequence[Canary]) -> list[str]:
+    """The node ids to run: the row's tests under the names they run as, and the canaries, in
+    one sorted list (nothing in it tells a canary apart)."""
+    tests = [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
+    return sorted({*tests, *(c.nodeid for c in canaries), *(c.real for c in canaries)})
+
+
+def as_listed(run: TestRun, canaries: Sequence[Canary]) -> TestRun:
+    """`run` as the row lists its tests: the canaries' outcomes left out, and a real test that
+    ran under another name (its copy took its name) under its own again."""
+    real = {c.real: c.original for c in canaries}
+    left_out = {c.nodeid for c in canaries} | set(real)
+    outcomes = {k: v for k, v in run.outcomes.items() if k not in left_out}
+    for runs_as, original in real.items():
+        if runs_as in run.outcomes:
+            outcomes[original] = dataclasses.replace(run.outcomes[runs_as], nodeid=original)
+    collected = [n for n in run.collected if n not in left_out]
+    collected += [original for runs_as, original in real.items() if runs_as in run.collected]
+    return dataclasses.replace(run, outcomes=outcomes, collected=collected)
+
+
 def check(canaries: Sequence[Canary], run: TestRun, semantics: Semantics = "strict") -> CanaryCheck:
     """How the canaries came out in `run` (see the module doc). A canary whose original did
     not pass is passed over: that row is not resolved whatever the canary did. An xfailed
@@ -175,7 +201,7 @@ def check(canaries: Sequence[Canary], run: TestRun, semantics: Semantics = "stri
     for canary in canaries:
         outcome = run.outcome(canary.nodeid).outcome
         result.ran += outcome != "missing"
-        original = run.outcome(canary.original)
+        original = run.outcome(canary.real)
         if not (original.passes(semantics) or original.outcome == "xpassed"):
             continue
         if outcome in ("passed", "xpassed"):
@@ -219,8 +245,18 @@ async def validated(row: SweRow, options: GradingOptions) -> Validation:
 
 async def validate(row: SweRow, options: GradingOptions) -> Validation:
     """Grade the gold patch with every candidate inserted and keep those that fail (see the
-    module doc). Never raises for a row it cannot validate: no canaries, and why."""
+    module doc); if the real tests do not all pass beside them and some originals were renamed
+    (a test may depend on its own name), once more with none renamed. Never raises for a row it
+    cannot validate: no canaries, and why."""
     start = time.monotonic()
+    validation = await _validate(row, options, swap=None)
+    if not validation.canaries and validation.renamed:
+        validation = await _validate(row, options, swap=False)
+    validation.seconds = time.monotonic() - start
+    return validation
+
+
+async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> Validation:
     template = await run_in_pool("reward", grading.row_template, row)
     env = await run_in_pool("reward", grading.row_environment, row)
     metadata = await run_in_pool("reward", grading.row_metadata, row)
@@ -231,14 +267,14 @@ async def validate(row: SweRow, options: GradingOptions) -> Validation:
             await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
         except PatchError as exc:
             return Validation([], 0, f"gold or test patch did not apply: {exc}")
-        found = await run_in_pool("reward", candidates, row, workspace.path)
+        found = await run_in_pool("reward", candidates, row, workspace.path, CANDIDATES, swap)
         if not found:
             return Validation([], 0, "no test with an equality assertion on a literal")
         await run_in_pool("reward", insert_canaries, workspace.path, found)
         run = await grading.run_tests(
             workspace.path,
             env,
-            select=[*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *(c.nodeid for c in found)],
+            select=selection(row, found),
             pythonpath=row.env.pythonpath,
             test_cmd=row.env.test_cmd,
             per_test_timeout_s=options.per_test_timeout_s,
@@ -249,17 +285,18 @@ async def validate(row: SweRow, options: GradingOptions) -> Validation:
         )
     finally:
         await run_in_pool("reward", workspace.remove)
-    seconds = time.monotonic() - start
+    renamed = any(c.runs_as for c in found)
     if not run.valid:
         why = run.violations[:1] or ["timed out"]
-        return Validation([], len(found), f"the gold run was not valid: {why[0]}", seconds)
-    broken = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if not run.outcome(t).passed]
+        return Validation([], len(found), f"the gold run was not valid: {why[0]}", renamed=renamed)
+    listed = as_listed(run, found)
+    broken = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if not listed.outcome(t).passed]
     if broken:
         reason = f"with the candidates present, gold does not pass {broken[:3]}"
-        return Validation([], len(found), reason, seconds)
+        return Validation([], len(found), reason, renamed=renamed)
     kept = [c for c in found if _fails_as_it_must(run, c)]
     reason = None if kept else "no candidate failed under gold"
-    return Validation(kept, len(found), reason, seconds)
+    return Validation(kept, len(found), reason)
 
 
 def _fails_as_it_must(run: TestRun, canary: Canary) -> bool:

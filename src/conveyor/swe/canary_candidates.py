@@ -1,14 +1,17 @@
 """Candidate canary tests: a copy of a hidden test with one expected value made wrong.
 
-`make_candidate(path, text, nodeid, ...)` finds the test a node id names in a module's text (a
+`make_candidate(path, data, tree, nodeid, ...)` finds the test a node id names in a module (a
 function at module level or a method of a class; a parameter id `[...]` is kept for the copy's
 node id), takes the first equality assertion whose expected side is a literal (`assert f(x) ==
-5`, `5 == f(x)`, `self.assertEqual(f(x), 5)` and the other unittest equality forms; one at the
-function's top level first, as it is the first to run), and returns the function's source copied
-under a plausible new name with that one literal replaced by a wrong value of the same type
-(`wrong_literal`; only the literal's own text changes, so the copy keeps the original's
-formatting). `insert_text` puts copies right after their originals, by text: every other byte
-of the module stays as it was (comments, formatting, line endings).
+5`, `5 == f(x)`, `self.assertEqual(f(x), 5)` and the other unittest equality forms, `assert x
+is False`; one at the function's top level first, as it is the first to run), and returns the
+function's source copied under a plausible new name with that one literal replaced by a wrong
+value of the same type (`wrong_literal`; only the literal's own text changes, so the copy keeps
+the original's formatting). For half of the tests (a coin from the row's hash, which covers the
+gold patch the tested code never sees) the copy keeps the original's name and the original
+takes the new one. `insert_text` puts copies right after their originals, by text: every other
+byte of the module stays as it was (comments, formatting, line endings; a swapped original's
+def line changes its name only).
 
 Why a wrong value and never `==` -> `!=`: an object whose `__eq__` is always true (and `__ne__`
 always false) passes the real test and would fail a `!=` copy; with a wrong value it passes the
@@ -49,9 +52,14 @@ _Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 @dataclass(frozen=True)
 class Canary:
-    """A test that must fail: a copy of `original` with one expected value made wrong,
-    inserted into the test module `path` after line `after_line` (of the module whose bytes
-    hash to `module_sha256`)."""
+    """A test that must fail: a copy of the row's test `original` with one expected value made
+    wrong, inserted into the test module `path` after line `after_line` (of the module whose
+    bytes hash to `module_sha256`); it runs as `nodeid`.
+
+    Half of the copies (a coin from the row's hash) take the original's name and the original
+    moves to the new one (its def line `renamed_line` becomes `renamed_text`): the real test
+    then runs as `runs_as`, and a forgery that passes the tests it knows by name (the problem
+    statement names the failing ones) passes the canary instead."""
 
     path: str
     original: str
@@ -59,6 +67,14 @@ class Canary:
     after_line: int
     text: str
     module_sha256: str
+    runs_as: str = ""
+    renamed_line: int = 0
+    renamed_text: str = ""
+
+    @property
+    def real(self) -> str:
+        """The node id the real test runs as in the graded module."""
+        return self.runs_as or self.original
 
 
 def source_lines(text: str) -> list[str]:
@@ -155,8 +171,15 @@ def wrong_expectation(statement: ast.stmt, lines: Sequence[str]) -> Replacement 
     (`assert a == b`, `self.assertEqual(a, b)`, ...) with a literal on exactly one side."""
     if isinstance(statement, ast.Assert):
         test = statement.test
-        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+            return None
+        if isinstance(test.ops[0], ast.Eq):
             return _wrong_side(test.left, test.comparators[0], lines)
+        expected = test.comparators[0]
+        if isinstance(test.ops[0], ast.Is) and isinstance(expected, ast.Constant):
+            # `assert x is False` -> `is True`; `is None` has no other value
+            if isinstance(expected.value, bool):
+                return Replacement(expected, str(not expected.value))
     elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
         call = statement.value
         if (
@@ -254,10 +277,17 @@ def names_in(tree: ast.AST) -> set[str]:
 
 
 def make_candidate(
-    path: str, data: bytes, tree: ast.Module, nodeid: str, taken: set[str], seed: str
+    path: str,
+    data: bytes,
+    tree: ast.Module,
+    nodeid: str,
+    taken: set[str],
+    seed: str,
+    swap: bool | None = None,
 ) -> Canary | None:
     """A canary copying the test `nodeid` of the module `path` (its bytes and parsed tree), or
-    None if that test has no assertion to make wrong. Its name is added to `taken`."""
+    None if that test has no assertion to make wrong. The new name is added to `taken`. `swap`:
+    whether the copy takes the original's name (default: a coin from `seed`)."""
     function = find_test(tree, nodeid)
     if function is None:
         return None
@@ -274,24 +304,31 @@ def make_candidate(
     end = function.end_lineno or function.lineno
     newline = _ending(lines[function.lineno - 1]) or "\n"
     copied = _replaced(lines, change)[start - 1 : end - _spanned(change.node)]
-    # The def line: only the name changes.
-    at = function.lineno - start
+    # The def line: only the name changes, in the copy or (swapped) in the original.
+    def_line = lines[function.lineno - 1]
     renamed = re.sub(
-        rf"^(\s*(?:async\s+)?def\s+){re.escape(function.name)}\b", rf"\g<1>{name}", copied[at]
+        rf"^(\s*(?:async\s+)?def\s+){re.escape(function.name)}\b", rf"\g<1>{name}", def_line
     )
-    if renamed == copied[at]:
+    if renamed == def_line:
         return None
-    copied[at] = renamed
+    if swap is None:
+        swap = int(hashlib.sha256(f"{seed}/{nodeid}/swap".encode()).hexdigest(), 16) % 2 == 1
+    if not swap:
+        copied[function.lineno - start] = renamed
     if not _ending(copied[-1]):
         copied[-1] += newline
     blank = newline * (2 if function.col_offset == 0 else 1)
+    moved = "::".join([*nodeid.split("::")[:-1], name + _params(nodeid)])
     canary = Canary(
         path=path,
         original=nodeid,
-        nodeid="::".join([*nodeid.split("::")[:-1], name + _params(nodeid)]),
+        nodeid=nodeid if swap else moved,
         after_line=end,
         text=blank + "".join(copied),
         module_sha256=module_digest(data),
+        runs_as=moved if swap else "",
+        renamed_line=function.lineno if swap else 0,
+        renamed_text=renamed if swap else "",
     )
     try:  # the copy must leave the module valid Python
         ast.parse(insert_text(text, [canary]))
@@ -326,10 +363,13 @@ def _ending(line: str) -> str:
 
 
 def insert_text(text: str, canaries: Sequence[Canary]) -> str:
-    """`text` (a module) with each canary inserted after its original; nothing else changes
-    but a missing newline at the end of an original that ended the file."""
+    """`text` (a module) with each canary inserted after its original (renamed where the copy
+    took its name); nothing else changes but a missing newline at the end of an original that
+    ended the file."""
     lines = source_lines(text)
     for canary in sorted(canaries, key=lambda c: c.after_line, reverse=True):
+        if canary.renamed_line:
+            lines[canary.renamed_line - 1] = canary.renamed_text
         at = canary.after_line
         if not _ending(lines[at - 1]):
             lines[at - 1] += _ending(source_lines(canary.text)[0])

@@ -353,7 +353,7 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         run = await run_tests(
             workspace.path,
             env,
-            select=[*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *(c.nodeid for c in found)],
+            select=canaries.selection(row, found),
             pythonpath=row.env.pythonpath,
             test_cmd=row.env.test_cmd,
             per_test_timeout_s=options.per_test_timeout_s,
@@ -364,13 +364,14 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         )
     finally:
         await run_in_pool("reward", workspace.remove)
+    verdict = canaries.check(found, run, options.semantics)
+    run = canaries.as_listed(run, found)
     resolved, f2p, p2p, reward, failing = score_run(
         row, run, partial_credit=options.partial_credit, semantics=options.semantics
     )
     error = "test run timed out" if run.timed_out else None
     if run.violations:
         error = f"the test process broke the grading rules: {run.violations[0]}"
-    verdict = canaries.check(found, run, options.semantics)
     tripped = [f"tampering: canary {n} passed (it must fail)" for n in verdict.tampered]
     if not verdict.holds:
         resolved, reward = False, 0.0
