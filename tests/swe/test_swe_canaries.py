@@ -236,6 +236,25 @@ def test_a_swapped_copy_takes_the_name_and_the_original_moves() -> None:
     assert 60 < sum(bool(c and c.runs_as) for c in swapped) < 140
 
 
+def test_a_test_listed_with_several_parameter_ids_never_moves(tmp_path: Path) -> None:
+    source = "import pytest\n\n\n@pytest.mark.parametrize('a', [1, 2])\n"
+    source += "def test_p(a):\n    assert f(a) == 1\n"
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/test_p.py").write_text(source)
+    row = tiny_row().model_copy(
+        update={
+            "test_patch": file_diff("tests/test_p.py", None, source),
+            "FAIL_TO_PASS": ["tests/test_p.py::test_p[1]", "tests/test_p.py::test_p[2]"],
+            "PASS_TO_PASS": [],
+        }
+    )
+    (only,) = canaries.candidates(row, tmp_path, swap=True)
+    assert only.original == "tests/test_p.py::test_p[1]" and not only.runs_as
+    alone = row.model_copy(update={"FAIL_TO_PASS": ["tests/test_p.py::test_p[2]"]})
+    (moved,) = canaries.candidates(alone, tmp_path, swap=True)
+    assert moved.nodeid == "tests/test_p.py::test_p[2]" and moved.runs_as.endswith("[2]")
+
+
 def _outcomes(**outcomes: str) -> TestRun:
     """A run with these outcomes (node id `t.py::<name>`): only the grader's reading of it."""
     found = {f"t.py::{k}": TestOutcome(f"t.py::{k}", v) for k, v in outcomes.items()}

@@ -39,6 +39,7 @@ import json
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,13 +122,16 @@ def candidates(
     """Up to `limit` canaries for the row, made from its tests in `root` (its starting state
     with the hidden test patch applied): F2P tests first, then P2P ones; one per test function
     (a parametrized test's first selected parameter id). `swap`: whether copies take their
-    original's name (default: a coin per test from the row's hash; False for none)."""
+    original's name (default: a coin per test from the row's hash; False for none); never for
+    a test the row lists with several parameter ids, which would all have to move."""
     modules = set(hidden_modules(row))
     parsed: dict[str, tuple[bytes, ast.Module, set[str]]] = {}
     seen: set[str] = set()
     found: list[Canary] = []
     seed = row_key(row)
-    for nodeid in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]:
+    tests = [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
+    listed = Counter(nodeid.split("[", 1)[0] for nodeid in dict.fromkeys(tests))
+    for nodeid in tests:
         if len(found) >= limit:
             break
         path = nodeid.split("::")[0]
@@ -144,7 +148,8 @@ def candidates(
                 continue
             parsed[path] = (data, tree, names_in(tree))
         data, tree, taken = parsed[path]
-        canary = make_candidate(path, data, tree, nodeid, taken, seed, swap)
+        movable = swap if listed[function] == 1 else False
+        canary = make_candidate(path, data, tree, nodeid, taken, seed, movable)
         if canary is not None:
             found.append(canary)
     return found
