@@ -47,6 +47,7 @@ def test_gold_resolves_and_empty_does_not() -> None:
     assert set(empty.summary()) == {
         "instance_id",
         "resolved",
+        "tampered",
         "f2p_passed",
         "f2p_total",
         "p2p_passed",

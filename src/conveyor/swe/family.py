@@ -12,7 +12,8 @@ Per rollout (`make_runtime`): an overlay workspace of the task's starting state,
 `runtime.kind` over it (bubblewrap by default; local or docker) with the project's test venv
 mounted read-only, and the task's code index (built once per starting state, shared, cached on
 disk) attached to the runtime for the `search_code` tool. The blocking set-up runs on the
-`init` CPU pool. `score` grades the workspace's diff with `grading.grade`; `oracle_calls`
+`init` CPU pool. `grade` grades the workspace's diff with `grading.grade` (a `Grade` whose
+breakdown has `resolved` and `tampered`; `score` is its reward alone); `oracle_calls`
 applies the gold patch through `str_replace_editor` edits, then finishes.
 """
 
@@ -48,8 +49,15 @@ from conveyor.swe.grading import (
 from conveyor.swe.hints import SweHintPolicy
 from conveyor.swe.options import TASKS_ENV, SweOptions, default_row_files, resolve_swe_options
 from conveyor.swe.patches import apply_patch, file_diff, patch_paths, read_text, split_lines
-from conveyor.tasks.family import SPLIT_SHARES, family_options, register_family, split_of, task_id
-from conveyor.types import FamilyServices, Task, ToolCall
+from conveyor.tasks.family import (
+    SPLIT_SHARES,
+    Grade,
+    family_options,
+    register_family,
+    split_of,
+    task_id,
+)
+from conveyor.types import FamilyServices, Task, ToolCall, Trajectory
 
 log = logging.getLogger(__name__)
 BASH_TIMEOUT_S = 60.0
@@ -236,6 +244,29 @@ class SweFamily:
         row = SweRow.model_validate(task.data["row"])
         report = await grade_runtime(row, runtime, self.grading)
         return report.reward
+
+    async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
+        """`score`'s verdict with its parts: `resolved` and `tampered` (1 when the test process
+        forged its outcomes: a canary test passed, or the bootstrap saw tampering), which the
+        run's metrics carry as `reward/resolved` and `reward/tampered`; the report as a record.
+
+        Raises `TaskDefect` as `score` does."""
+        row = SweRow.model_validate(task.data["row"])
+        report = await grade_runtime(row, runtime, self.grading)
+        verdict = "resolved" if report.resolved else "not resolved"
+        if report.tampered:
+            verdict += f", tampered ({report.violations[-1] if report.violations else '?'})"
+        elif report.error:
+            verdict += f" ({report.error})"
+        content = (
+            f"SWE grade: {verdict}; F2P {report.f2p_passed}/{report.f2p_total}, "
+            f"P2P {report.p2p_passed}/{report.p2p_total}"
+        )
+        return Grade(
+            reward=report.reward,
+            breakdown={"resolved": float(report.resolved), "tampered": float(report.tampered)},
+            records=[{"role": "grader", "content": content}],
+        )
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:
         """The gold patch as editor calls (one `str_replace` per hunk), then `finish`."""

@@ -15,10 +15,12 @@
    venv mounted read-only, the project's own `.dist-info` beside the workspace), started by our
    bootstrap (`pytest_bootstrap.py`) under a per-test timeout, past collection errors of other
    modules; outcomes come back through a file descriptor opened outside the sandbox and are
-   checked (`test_run.read_channel`);
-5. resolved iff the run is valid and every F2P and P2P test really passed (`strict`; the
-   `swebench` semantics also count xfailed, as SWE-bench's report does). Optional partial
-   credit: the share of F2P tests passing, if all P2P tests pass.
+   checked (`test_run.read_channel`); the row's canary tests (`canaries.py`: copies of its
+   tests expecting a wrong value, validated once on the gold patch) run among them;
+5. resolved iff the run is valid, every canary failed and every F2P and P2P test really passed
+   (`strict`; the `swebench` semantics also count xfailed, as SWE-bench's report does); a
+   canary that passed is `tampered`. Optional partial credit: the share of F2P tests passing,
+   if all P2P tests pass.
 The blocking copies, patches and diffs run on the `reward` CPU pool (`runtime.cpu_pools`). The
 threat model behind these steps is in docs/sandbox.md.
 """
@@ -45,7 +47,7 @@ from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe import guards
+from conveyor.swe import canaries, guards
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
@@ -92,6 +94,9 @@ class GradingOptions(BaseModel):
         "strict",
         description="strict: only a real pass counts (for rewards); swebench: xfailed counts "
         "as passing too, as in SWE-bench's report.",
+    )
+    canaries: int = Field(
+        2, ge=0, description="Hidden canary tests per row (`swe.canaries`); 0 runs none."
     )
 
     @model_validator(mode="after")
@@ -142,15 +147,20 @@ class GradeReport(BaseModel):
         default_factory=dict, description="Test modules that failed to collect, and why."
     )
     violations: list[str] = Field(
-        default_factory=list, description="Broken rules of the outcome channel (score 0)."
+        default_factory=list,
+        description="Broken rules of the outcome channel, tripped canaries (score 0).",
     )
+    tampered: bool = Field(
+        False, description="The test process forged its outcomes (a canary passed, tampering)."
+    )
+    canaries: int = Field(0, description="Canary tests that ran.")
     error: str | None = None
 
     def summary(self) -> dict[str, Any]:
-        """`{"instance_id","resolved","f2p_passed","f2p_total","p2p_passed","p2p_total",
-        "seconds"}`."""
-        keys = ("instance_id", "resolved", "f2p_passed", "f2p_total", "p2p_passed", "p2p_total")
-        out: dict[str, Any] = {k: getattr(self, k) for k in keys}
+        """`{"instance_id","resolved","tampered","f2p_passed","f2p_total","p2p_passed",
+        "p2p_total","seconds"}`."""
+        keys = ("instance_id", "resolved", "tampered", "f2p_passed", "f2p_total")
+        out: dict[str, Any] = {k: getattr(self, k) for k in (*keys, "p2p_passed", "p2p_total")}
         out["seconds"] = round(self.seconds, 3)
         return out
 
@@ -393,10 +403,12 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
                 seconds=time.monotonic() - start,
                 error="the hidden test patch does not apply over this patch",
             )
+        found = await canaries.row_canaries(row, options)
+        await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
         run = await run_tests(
             workspace.path,
             env,
-            select=[*row.FAIL_TO_PASS, *row.PASS_TO_PASS],
+            select=canaries.selection(row, found),
             pythonpath=row.env.pythonpath,
             test_cmd=row.env.test_cmd,
             per_test_timeout_s=options.per_test_timeout_s,
@@ -407,12 +419,18 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         )
     finally:
         await run_in_pool("reward", workspace.remove)
+    verdict = canaries.check(found, run, options.semantics)
+    run = canaries.as_listed(run, found)
     resolved, f2p, p2p, reward, failing = score_run(
         row, run, partial_credit=options.partial_credit, semantics=options.semantics
     )
     error = "test run timed out" if run.timed_out else None
     if run.violations:
         error = f"the test process broke the grading rules: {run.violations[0]}"
+    tripped = [f"tampering: canary {n} passed (it must fail)" for n in verdict.tampered]
+    if not verdict.holds:
+        resolved, reward = False, 0.0
+        error = error or (tripped or [f"canary did not fail: {verdict.did_not_fail[0]}"])[0]
     return GradeReport(
         **base,
         resolved=resolved,
@@ -422,7 +440,9 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         reward=reward,
         failing=failing[:50],
         collect_errors={k: v[-300:] for k, v in list(run.collect_errors.items())[:20]},
-        violations=run.violations[:20],
+        violations=run.violations[:20] + tripped,
+        tampered=bool(tripped) or any(v.startswith("tampering") for v in run.violations),
+        canaries=verdict.ran,
         error=error,
     )
 
