@@ -297,8 +297,8 @@ async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> 
     listed = as_listed(run, found)
     broken = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if not listed.outcome(t).passed]
     if broken:
-        reason = f"with the candidates present, gold does not pass {broken[:3]}"
-        return Validation([], len(found), reason, renamed=renamed)
+        why = [f"with the candidates present, gold does not pass {broken[:3]}"]
+        return Validation([], len(found), why[0], renamed=renamed)
     kept = [c for c in found if _fails_as_it_must(run, c)]
     reason = None if kept else "no candidate failed under gold"
     return Validation(kept, len(found), reason)
