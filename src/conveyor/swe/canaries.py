@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SandboxLimits
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe import grading
 from conveyor.swe.canary_candidates import (
     Canary,
     insert_text,
@@ -233,6 +232,8 @@ def row_key(row: SweRow) -> str:
 
 async def validated(row: SweRow, options: GradingOptions) -> Validation:
     """The row's validation, from the cache or made now (once, under a lock)."""
+    from conveyor.swe import grading  # the grader runs the canaries: no import loop
+
     env = await run_in_pool("reward", grading.row_environment, row)
     key = hashlib.sha256(f"{row_key(row)}/{env.path.name}".encode()).hexdigest()[:20]
     path = swe_home() / "canaries" / f"{safe_name(row.instance_id)[:80]}-{key}.json"
@@ -262,6 +263,8 @@ async def validate(row: SweRow, options: GradingOptions) -> Validation:
 
 
 async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> Validation:
+    from conveyor.swe import grading  # the grader runs the canaries: no import loop
+
     template = await run_in_pool("reward", grading.row_template, row)
     env = await run_in_pool("reward", grading.row_environment, row)
     metadata = await run_in_pool("reward", grading.row_metadata, row)
@@ -297,8 +300,8 @@ async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> 
     listed = as_listed(run, found)
     broken = [t for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS] if not listed.outcome(t).passed]
     if broken:
-        reason = f"with the candidates present, gold does not pass {broken[:3]}"
-        return Validation([], len(found), reason, renamed=renamed)
+        why = [f"with the candidates present, gold does not pass {broken[:3]}"]
+        return Validation([], len(found), why[0], renamed=renamed)
     kept = [c for c in found if _fails_as_it_must(run, c)]
     reason = None if kept else "no candidate failed under gold"
     return Validation(kept, len(found), reason)
