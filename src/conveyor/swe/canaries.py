@@ -57,7 +57,7 @@ from conveyor.swe.canary_candidates import (
 )
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import safe_name, swe_home
-from conveyor.swe.patches import PatchError, apply_patch, split_patch
+from conveyor.swe.patches import PatchError, apply_patch, patch_paths
 from conveyor.swe.test_run import Semantics, TestRun
 
 if TYPE_CHECKING:
@@ -110,9 +110,8 @@ async def row_canaries(row: SweRow, options: GradingOptions) -> list[Canary]:
 def hidden_modules(row: SweRow) -> list[str]:
     """The Python files the row's hidden test patch creates or changes, less those its gold
     patch changes too (the grader would not see the gold's version of them)."""
-    gold = {part.path for part in split_patch(row.patch)}
-    paths = [part.path for part in split_patch(row.test_patch)]
-    return [p for p in dict.fromkeys(paths) if p.endswith(".py") and p not in gold]
+    gold = patch_paths(row.patch)
+    return sorted(p for p in patch_paths(row.test_patch) if p.endswith(".py") and p not in gold)
 
 
 def candidates(

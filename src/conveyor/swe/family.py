@@ -36,6 +36,7 @@ from conveyor.runtime.base import Runtime, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
+from conveyor.swe import canaries
 from conveyor.swe.dataset import SweRow, load_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.grading import (
@@ -231,6 +232,9 @@ class SweFamily:
         try:
             await started(runtime)
             runtime.code_index = await run_in_pool("init", SWE_INDEXES.get, template)
+            # The row's canaries are validated (one gold run, cached per row) while the runtime
+            # is made, so the first rollout's reward stage stays within its grading budget.
+            await canaries.row_canaries(row, self.grading)
         except BaseException:
             await runtime.close()
             raise
