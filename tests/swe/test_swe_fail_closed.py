@@ -145,9 +145,9 @@ async def _dispatch(config_overrides: list[str], row: SweRow) -> list[Trajectory
 def test_a_failed_probe_makes_dispatched_rollouts_infra_errors_retried__fake_bwrap(
     failing_bwrap: Path, tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The policy works in the local runtime (so its init needs no sandbox); its reward needs
-    the grader's sandbox, which cannot start: retried once, then an infra error that says why,
-    and the graded code never ran."""
+    """The policy works in the local runtime; the grader's sandbox, which the row's canary
+    validation (in init) and its grading (in reward) need, cannot start: retried once, then an
+    infra error that says why, and the graded code never ran."""
     marker = tmp_path / "marker"
     row = _marker_row(marker)
     write_rows(tmp_path / "rows.jsonl", [row])
@@ -167,7 +167,7 @@ def test_a_failed_probe_makes_dispatched_rollouts_infra_errors_retried__fake_bwr
     assert isinstance(record, Trajectory)
     assert record.status is Status.INFRA_ERROR
     assert record.counters["infra_retries"] == 1  # tried twice, counted
-    assert "reward stage: RuntimeFailure" in (record.error or "")
+    assert "init stage: RuntimeFailure" in (record.error or "")
     assert "grading never runs unsandboxed" in (record.error or "")
     assert not marker.exists()
     # bubblewrap works again: the next rollout (the policy sandboxed too, as by default; the
