@@ -42,6 +42,7 @@ from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
+from conveyor.swe import test_run
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
@@ -52,7 +53,7 @@ from conveyor.swe.environment import (
 from conveyor.swe.environment import test_environment as build_test_environment
 from conveyor.swe.guards import guard_patch, is_test_file, package_dirs, project_modules
 from conveyor.swe.patches import PatchError, apply_patch, diff_trees, iter_files, split_patch
-from conveyor.swe.test_run import HARDENING, Semantics, TestOutcome, TestRun, read_channel
+from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
 from conveyor.types import TaskDefect
 
 __all__ = ["GradeReport", "GradingOptions", "TestOutcome", "TestRun", "grade", "run_tests"]
@@ -213,7 +214,7 @@ async def run_tests(
             + ([str(metadata)] if metadata is not None else []),
             "plugin_dir": str(env.plugin_dir),
             "test_files": [os.path.normpath(os.path.join(root, p)) for p in declared],
-            "hardening": dict(HARDENING),
+            "hardening": dict(test_run.HARDENING),  # read now: a test may switch one off
         }
         (shared / "run.json").write_text(json.dumps(config))
         os.chmod(shared / "run.json", 0o644)

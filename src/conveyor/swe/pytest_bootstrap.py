@@ -169,7 +169,7 @@ HARDENING = {
     "undumpable": True,
 }
 _CHANNEL_FD = -1
-_os_write, _os_exit = os.write, os._exit
+_os_write, _os_exit, _json_dumps = os.write, os._exit, json.dumps
 
 
 def _write_channel(line: str) -> None:
@@ -191,7 +191,7 @@ def _tamper_writer(fd: int) -> Any:
 
 def _finish(fd: int, code: int) -> None:
     """The session record, then leave (no `atexit` hook of the project runs)."""
-    _write_channel(json.dumps({"kind": "session", "exit": code}) + "\n")
+    _write_channel(_json_dumps({"kind": "session", "exit": code}) + "\n")
     os.close(fd)
     _save_coverage()
     sys.stdout.flush()
