@@ -289,6 +289,7 @@ async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> 
             runtime_kind=options.runtime,
             limits=SandboxLimits(memory_bytes=options.memory_bytes),
             metadata=metadata,
+            test_files=grading.declared_test_files(row),
         )
     finally:
         await run_in_pool("reward", workspace.remove)

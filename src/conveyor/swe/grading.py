@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shlex
 import shutil
 import tempfile
@@ -47,7 +46,7 @@ from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe import canaries, guards
+from conveyor.swe import canaries, guards, test_run
 from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import (
     TestEnvironment,
@@ -56,7 +55,15 @@ from conveyor.swe.environment import (
     task_template,
 )
 from conveyor.swe.environment import test_environment as build_test_environment
-from conveyor.swe.patches import PatchError, TreeDiff, apply_patch, tree_diff
+from conveyor.swe.guards import is_test_file
+from conveyor.swe.patches import (
+    PatchError,
+    TreeDiff,
+    apply_patch,
+    iter_files,
+    patch_paths,
+    tree_diff,
+)
 from conveyor.swe.test_command import parse_test_command
 from conveyor.swe.test_run import Semantics, TestOutcome, TestRun, read_channel
 from conveyor.types import TaskDefect
@@ -233,11 +240,15 @@ async def run_tests(
     runtime_kind: str = "auto",
     limits: SandboxLimits | None = None,
     metadata: Path | None = None,
+    test_files: Sequence[str] | None = None,
 ) -> TestRun:
     """Run pytest in a sandbox over `workspace`: `select` (node ids), else `paths` (test files
     or folders), else the whole suite as the project configures it. `metadata`: the project's
     `.dist-info` folder (`project_metadata`), put on `sys.path` after the project.
     `per_test_timeout_s` 0 arms no per-test alarm (the whole-run deadline still holds).
+    `test_files`: the task's declared test files (relative), whose code the test process's audit
+    hook trusts and protects (every `conftest.py` is added); by default every file named like
+    a test.
     """
     args: list[str] = list(paths or [])
     if select is not None:
@@ -254,12 +265,7 @@ async def run_tests(
     home.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(prefix="run-", dir=home))
     fd = -1
-    # The bootstrap reads this once from a pipe, before any project code runs, and signs its
-    # session record with it: a forged stream must first dig it out of the process's memory.
-    nonce = secrets.token_hex(16)
-    nonce_fd, nonce_w = os.pipe()
-    os.write(nonce_w, nonce.encode())
-    os.close(nonce_w)
+    declared = _declared_test_files(workspace, test_files)
     try:
         # The channel: a file only the grader can open (not mounted), handed over as an fd.
         fd = os.open(private / "outcomes.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -271,12 +277,13 @@ async def run_tests(
         root = str(runtime.root)
         config = {
             "outcomes_fd": fd,
-            "nonce_fd": nonce_fd,
             "select": sorted(set(select)) if select is not None else None,
             "timeout_s": per_test_timeout_s,
             "paths": [os.path.normpath(os.path.join(root, pythonpath))]
             + ([str(metadata)] if metadata is not None else []),
             "plugin_dir": str(env.plugin_dir),
+            "test_files": [os.path.normpath(os.path.join(root, p)) for p in declared],
+            "hardening": dict(test_run.HARDENING),  # read now: a test may switch one off
         }
         (shared / "run.json").write_text(json.dumps(config))
         os.chmod(shared / "run.json", 0o644)
@@ -291,7 +298,7 @@ async def run_tests(
         await started(runtime)  # waits for the run's start limits: not the tests' time
         start = time.monotonic()
         try:
-            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd, nonce_fd))
+            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd,))
         finally:
             await runtime.close()
         os.close(fd)
@@ -300,12 +307,23 @@ async def run_tests(
     finally:
         if fd >= 0:
             os.close(fd)
-        os.close(nonce_fd)
         shutil.rmtree(private, ignore_errors=True)
-    run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out, nonce=nonce)
+    run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out)
     run.seconds = time.monotonic() - start
     run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
     return run
+
+
+def _declared_test_files(workspace: Path, test_files: Sequence[str] | None) -> list[str]:
+    every = list(iter_files(workspace))
+    named = set(test_files) if test_files is not None else {p for p in every if is_test_file(p)}
+    return sorted(named | {p for p in every if p.rsplit("/", 1)[-1] == "conftest.py"})
+
+
+def declared_test_files(row: SweRow) -> list[str]:
+    """The row's test files: the hidden test patch's and those of its F2P/P2P node ids."""
+    nodes = [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
+    return sorted(patch_paths(row.test_patch) | {n.split("::")[0] for n in nodes})
 
 
 def score_run(
@@ -416,6 +434,7 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
             runtime_kind=options.runtime,
             limits=SandboxLimits(memory_bytes=options.memory_bytes),
             metadata=metadata,
+            test_files=declared_test_files(row),
         )
     finally:
         await run_in_pool("reward", workspace.remove)

@@ -15,6 +15,12 @@ The grader folds the phases into one outcome per test and rejects duplicates.
 
 A test runs at most `timeout_s` (setup + call + teardown); past it the test fails with
 `TestTimeout` raised by SIGALRM (an infinite loop in pure Python is interrupted).
+
+The settings are module globals set once by `configure` (the writer, the selection as a
+frozenset, the timeout) and the JSON encoder is bound at import, before any project code runs:
+the bootstrap's snapshot holds every global of this module except `_in_call` by identity, so
+code that replaced the writer or the encoder (here, or `json.dumps` itself) is reported as
+tampering after the test (`pytest_bootstrap.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,12 @@ from typing import Any
 import pytest
 
 _MESSAGE_CHARS = 600
-_settings: dict[str, Any] = {"write": None, "select": None, "timeout_s": 0.0, "in_call": None}
+_dumps = json.dumps
+_write_line: Callable[[str], None] | None = None
+_select: frozenset[str] | None = None
+_timeout_s = 0.0
+_in_call: str | None = None  # the test whose function runs now (changes; not guarded)
+MUTABLE = frozenset({"_in_call"})
 
 
 class TestTimeout(Exception):
@@ -37,20 +48,22 @@ class TestTimeout(Exception):
 
 
 def configure(write: Callable[[str], None], select: list[str] | None, timeout_s: float) -> None:
-    """Where records go (`write` takes one line), which node ids run, and the per-test alarm."""
-    _settings.update(write=write, select=set(select) if select is not None else None)
-    _settings["timeout_s"] = timeout_s
+    """Where records go (`write` takes one line), which node ids run, and the per-test alarm;
+    called once, before any project code runs."""
+    global _write_line, _select, _timeout_s
+    _write_line = write
+    _select = frozenset(select) if select is not None else None
+    _timeout_s = float(timeout_s)
 
 
 def _write(record: dict[str, Any]) -> None:
-    write = _settings["write"]
-    if write is not None:
-        write(json.dumps(record) + "\n")
+    if _write_line is not None:
+        _write_line(_dumps(record) + "\n")
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Keep only the selected node ids, if a selection was given."""
-    wanted = _settings["select"]
+    wanted = _select
     if wanted is None:
         return
     kept = [item for item in items if item.nodeid in wanted]
@@ -73,13 +86,13 @@ def pytest_collectreport(report: Any) -> None:
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    raise TestTimeout(f"test exceeded {_settings['timeout_s']:g} s")
+    raise TestTimeout(f"test exceeded {_timeout_s:g} s")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     """Arm the per-test alarm around setup, call and teardown."""
-    timeout = float(_settings["timeout_s"] or 0)
+    timeout = _timeout_s
     if timeout > 0:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -93,11 +106,12 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: Any) -> Any:
     """Mark the test function's run: reports made meanwhile are its subtests'."""
-    _settings["in_call"] = item.nodeid
+    global _in_call
+    _in_call = item.nodeid
     try:
         yield
     finally:
-        _settings["in_call"] = None
+        _in_call = None
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -112,7 +126,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         "when": report.when,
         "outcome": report.outcome,
         "wasxfail": hasattr(report, "wasxfail"),
-        "subtest": report.when == "call" and _settings["in_call"] == item.nodeid,
+        "subtest": report.when == "call" and _in_call == item.nodeid,
         "exc_type": None,
         "message": None,
         "duration": float(getattr(report, "duration", 0.0)),

@@ -9,10 +9,14 @@ too, so nothing in it is believed alone (`read_channel`):
 - reports name only collected tests, and a run that exits 0 reported every collected test;
 - the session's exit status equals the process's, and agrees with the outcomes: 0 iff no test
   failed or errored and nothing failed to collect;
-- the bootstrap found pytest, pluggy and our plugin unpatched, and no plugin from project files;
-- the session record carries the secret the grader handed to the bootstrap through a pipe.
-A run breaking any of these has `violations` and scores 0 (the policy's result, not an infra
-error). Outcome names: passed / failed / error / skipped / xfailed / xpassed / missing.
+- no `{"kind": "tamper", "what"}` record: the bootstrap's audit hook, snapshot and plugin check
+  write one the moment they find the process tampering with the grader (`tampered`).
+Nothing in the channel is signed: no secret survives code that runs in the same process. A run
+breaking any of these has `violations` and scores 0 (the policy's result, not an infra error).
+Outcome names: passed / failed / error / skipped / xfailed / xpassed / missing.
+
+`HARDENING` holds the bootstrap's in-process defences the grader switches on (all, normally);
+a test may switch one off to show what it stops.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ PASSING: dict[str, frozenset[str]] = {
 }
 PHASES = ("setup", "call", "teardown")
 _BAD = frozenset({"failed", "error"})
+# The test process's in-process defences (pytest_bootstrap.py), written into its run.json:
+# the audit hook, the plugin check, the snapshot of the runner and the reporter, the check of
+# each test as it starts, and making the process non-dumpable.
+HARDENING: dict[str, bool] = {
+    "audit_hook": True,
+    "plugin_check": True,
+    "snapshot": True,
+    "item_check": True,
+    "undumpable": True,
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class TestRun:
     collect_errors: dict[str, str] = field(default_factory=dict)
     collected: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    tampered: bool = False
     timed_out: bool = False
     exit_code: int = 0
     seconds: float = 0.0
@@ -85,11 +100,8 @@ class TestRun:
         return {n for n, o in self.outcomes.items() if o.passes(semantics)}
 
 
-def read_channel(
-    text: str, *, exit_code: int, timed_out: bool, nonce: str | None = None
-) -> TestRun:
-    """The run described by the channel's lines, checked against the process's exit status;
-    `nonce`: the secret the bootstrap must sign its session record with."""
+def read_channel(text: str, *, exit_code: int, timed_out: bool) -> TestRun:
+    """The run described by the channel's lines, checked against the process's exit status."""
     run = TestRun(timed_out=timed_out, exit_code=exit_code)
     phases: dict[str, dict[str, dict[str, Any]]] = {}
     failed_subtests: set[str] = set()
@@ -123,6 +135,9 @@ def read_channel(
             collected = [str(n) for n in record.get("nodeids") or []]
         elif kind == "session":
             session = record
+        elif kind == "tamper":
+            run.tampered = True
+            run.violations.append(f"tampering: {str(record.get('what'))[:300]}")
         else:
             run.violations.append(f"unexpected record kind {kind!r} (line {number})")
     run.outcomes = {nodeid: fold(nodeid, seen) for nodeid, seen in phases.items()}
@@ -132,8 +147,6 @@ def read_channel(
     run.collected = collected or []
     if not timed_out:
         run.violations += _cross_check(run, phases, session, collected)
-        if session is not None and nonce is not None and session.get("nonce") != nonce:
-            run.violations.append("the session record was not written by the grader's bootstrap")
     return run
 
 
@@ -148,7 +161,6 @@ def _cross_check(
         return [f"the test process ended without its session record (exit {run.exit_code})"]
     if session.get("exit") != run.exit_code:
         found.append(f"session exit {session.get('exit')} != process exit {run.exit_code}")
-    found += [f"tampering: {what}" for what in session.get("tampered") or []]
     if collected is None:
         if phases:
             found.append("reports without a collection record")
