@@ -24,7 +24,7 @@ from conveyor.agent.tools import ToolContext
 from conveyor.config import ConveyorConfig
 from conveyor.rollout import AgentStages
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe import canaries
+from conveyor.swe import canaries, test_run
 from conveyor.swe.canary_candidates import (
     Canary,
 )
@@ -236,10 +236,14 @@ def test_generic_forgeries_trip_the_canaries(attack: str) -> None:
 
 @needs_sandbox
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_without_canaries_each_forgery_is_paid(attack: str, no_canaries: None) -> None:
-    """The same edits with the canary defence switched off score 1: nothing else in the grader
-    stops them (the plugin hides behind a `_pytest` module name, the magic object breaks no
-    rule, the forged stream is consistent and signed with the secret read from the frame)."""
+def test_without_canaries_each_forgery_is_paid(
+    attack: str, no_canaries: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same edits with the canary defence and the test process's in-process hardening
+    switched off score 1: so the canaries alone stop them (above). The magic object breaks no
+    rule of the in-process checks either, so only canaries stop it; the plugin claiming a
+    `_pytest` module is also stopped by the plugin check (tests/swe/test_swe_audit.py)."""
+    monkeypatch.setattr(test_run, "HARDENING", dict.fromkeys(test_run.HARDENING, False))
     trajectory = _rl_reward(ATTACKS[attack])
     assert trajectory.reward == 1.0 and not _tampered(trajectory)
 
@@ -352,12 +356,14 @@ def test_a_forgery_of_the_named_tests_only_meets_the_copy_holding_the_name(
 ) -> None:
     """Where the copy took the real test's name, passing the tests the problem statement names
     passes the copy, not the real test: reward 0. Where it did not (the other half of the
-    tests), this forgery is paid: canaries alone stop generic forgeries, not ones that know
-    which tests to forge (those are the in-process audit's to stop)."""
+    tests), canaries alone pay this forgery: they stop generic forgeries, not ones that know
+    which tests to forge; those are the in-process checks' to stop (here the plugin check)."""
     attack = [("tinycalc/__init__.py", TOP, TOP + "\n" + NAMED_ONLY)]
     swapped = _row_with_copies("tinycalc__canary_named", True, monkeypatch)
-    assert _rl_reward(attack, swapped).reward == 0.0
     kept_name = _row_with_copies("tinycalc__canary_kept_name", False, monkeypatch)
+    assert _rl_reward(attack, kept_name).reward == 0.0  # the plugin check
+    monkeypatch.setattr(test_run, "HARDENING", dict.fromkeys(test_run.HARDENING, False))
+    assert _rl_reward(attack, swapped).reward == 0.0
     assert _rl_reward(attack, kept_name).reward == 1.0
     # both rows grade honestly as usual
     for row in (swapped, kept_name):
