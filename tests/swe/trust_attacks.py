@@ -26,8 +26,7 @@ def _conveyor_find_config():
 
 _FORCE_HOOK = """
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(*args, **kwargs):
-        item = kwargs.get("item") or args[-2]
+    def pytest_runtest_makereport(item, call):
         outcome = yield
         report = outcome.get_result()
         if KNOWN is None or item.nodeid in KNOWN:
@@ -70,7 +69,7 @@ def _conveyor_attack():
 
     class TerminalHelper:
 """
-    + _FORCE_HOOK.replace("\n    ", "\n        ")
+    + _FORCE_HOOK.replace("\n    ", "\n        ").replace("(item, call)", "(self, item, call)")
     + """
     TerminalHelper.__module__ = "_pytest.terminal"
     TerminalHelper.__qualname__ = "TerminalHelper"
@@ -82,11 +81,13 @@ _conveyor_attack()
 )
 
 # A finder first on sys.meta_path wraps every test function of the test modules it loads so it
-# swallows its exception; sys.settrace is set as well (a tracer could jump over failing lines).
+# swallows its exception, and a tracer (sys.settrace) jumps over the assert statements of test
+# functions (which covers test modules imported before the library).
 IMPORT_HOOK = """
 def _conveyor_attack():
     import functools
     import importlib.machinery
+    import linecache
     import sys
 
     def swallow(function):
@@ -119,9 +120,33 @@ def _conveyor_attack():
             spec.loader.exec_module = exec_module
             return spec
 
+    def wanted(name):
+        return KNOWN is None or any(k.split("::")[-1].split("[")[0] == name for k in KNOWN)
+
+    def skip_asserts(frame, event, arg):
+        # A failing assert is jumped over: the tracer moves the frame to the next statement.
+        if event == "line":
+            text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if text.strip().startswith("assert"):
+                indent = len(text) - len(text.lstrip())
+                for target in range(frame.f_lineno + 1, frame.f_lineno + 40):
+                    line = linecache.getline(frame.f_code.co_filename, target)
+                    if line.strip() and len(line) - len(line.lstrip()) <= indent:
+                        try:
+                            frame.f_lineno = target
+                        except ValueError:
+                            continue
+                        break
+        return skip_asserts
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_name.startswith("test"):
+            if wanted(frame.f_code.co_name):
+                return skip_asserts
+        return None
+
     sys.meta_path.insert(0, Finder())
-    sys.settrace(lambda frame, event, arg: None)
-    sys.settrace(None)
+    sys.settrace(tracer)
 
 
 _conveyor_attack()
@@ -166,8 +191,8 @@ def _conveyor_attack():
 _conveyor_attack()
 """
 
-# Rewrites what the reporter calls: json.dumps turns a failed report into a passed one, and the
-# bootstrap's helpers in __main__ find no tampering.
+# Rewrites what the reporter calls: its encoder (and json.dumps) turns a failed report into a
+# passed one, and the bootstrap's helpers in __main__ find no tampering.
 REPORTER_DATA = """
 def _conveyor_attack():
     import json
@@ -184,20 +209,19 @@ def _conveyor_attack():
         return original(obj, *args, **kwargs)
 
     json.dumps = dumps
+    reporter = sys.modules.get("conveyor_outcomes")
+    if reporter is not None and hasattr(reporter, "_dumps"):
+        reporter._dumps = dumps
     main = sys.modules.get("__main__")
     for name in ("_changed", "_untrusted_plugins"):
         if hasattr(main, name):
             setattr(main, name, lambda *args, **kwargs: [])
-    exit_now = __import__("os")._exit
-    if hasattr(main, "pytest_main"):
-        run = main.pytest_main
-
-        def pytest_main(args, plugins):
-            run(args, plugins)
-            return 0
-
-        main.pytest_main = pytest_main
-    del exit_now
+    # the bootstrap's own bound helpers: its encoder and its exit
+    if hasattr(main, "_json_dumps"):
+        main._json_dumps = dumps
+    if hasattr(main, "_os_exit"):
+        leave = main._os_exit
+        main._os_exit = lambda code: leave(0)
 
 
 _conveyor_attack()
@@ -220,6 +244,7 @@ def _conveyor_attack():
 
         __hash__ = object.__hash__
 
+    depth = [0]
     for name, value in list(globals().items()):
         if callable(value) and not name.startswith("_") and not isinstance(value, type):
             if getattr(value, "__module__", None) != __name__:
@@ -228,7 +253,14 @@ def _conveyor_attack():
             def wrap(function):
                 @functools.wraps(function)
                 def wrapper(*args, **kwargs):
-                    return Anything(function(*args, **kwargs))
+                    depth[0] += 1
+                    try:
+                        result = function(*args, **kwargs)
+                    finally:
+                        depth[0] -= 1
+                    if depth[0] or callable(result):  # inner calls, decorators: untouched
+                        return result
+                    return Anything(result)
 
                 return wrapper
 
