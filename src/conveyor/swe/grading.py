@@ -61,7 +61,6 @@ from conveyor.swe.patches import (
     TreeDiff,
     apply_patch,
     iter_files,
-    patch_paths,
     tree_diff,
 )
 from conveyor.swe.test_command import parse_test_command
@@ -320,10 +319,15 @@ def _declared_test_files(workspace: Path, test_files: Sequence[str] | None) -> l
     return sorted(named | {p for p in every if p.rsplit("/", 1)[-1] == "conftest.py"})
 
 
-def declared_test_files(row: SweRow) -> list[str]:
-    """The row's test files: the hidden test patch's and those of its F2P/P2P node ids."""
-    nodes = [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
-    return sorted(patch_paths(row.test_patch) | {n.split("::")[0] for n in nodes})
+def declared_test_files(row: SweRow, template: Path | None = None) -> list[str]:
+    """The row's test files, as the tree guard declares them (`guards.declared_tests`): the
+    hidden test patch's, those of its F2P/P2P node ids (not a library module's doctests) and
+    every file of their test folders in the starting state."""
+    template = template if template is not None else row_template(row)
+    tests = guards.declared_tests(
+        template, row.test_patch, [*row.FAIL_TO_PASS, *row.PASS_TO_PASS], row.env.pythonpath
+    )
+    return sorted(f for f in set(iter_files(template)) | tests.files if tests.holds(f))
 
 
 def score_run(
@@ -434,7 +438,7 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
             runtime_kind=options.runtime,
             limits=SandboxLimits(memory_bytes=options.memory_bytes),
             metadata=metadata,
-            test_files=declared_test_files(row),
+            test_files=declared_test_files(row, template),
         )
     finally:
         await run_in_pool("reward", workspace.remove)

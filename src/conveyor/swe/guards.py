@@ -101,7 +101,9 @@ def declared_tests(
         files = set(patch_paths(test_patch))
     except PatchError:  # a broken test patch is reported when it is applied
         files = set()
-    files |= {nodeid.split("::")[0] for nodeid in test_ids}
+    # A node id's file is test code, unless it is a library module collected for its doctests
+    # (`pkg/mod.py::pkg.mod.func`): that file is the agent's to edit.
+    files |= {nodeid.split("::")[0] for nodeid in test_ids if not _doctest_of_library(nodeid)}
     files = {posixpath.normpath(f) for f in files if f}
     root = posixpath.normpath(import_root)
     folders = set()
@@ -112,6 +114,15 @@ def declared_tests(
         if posixpath.basename(folder) in TEST_DIRS or _holds_only_tests(template, folder, files):
             folders.add(folder)
     return DeclaredTests(frozenset(files), frozenset(folders))
+
+
+def _doctest_of_library(nodeid: str) -> bool:
+    """A doctest item of a module that is not named like a test (`a/b.py::a.b.func`: the part
+    after `::` is a dotted name, not a test function or class)."""
+    path, _, rest = nodeid.partition("::")
+    name = posixpath.basename(path)
+    test_named = name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+    return not test_named and "." in rest.split("::")[0].split("[")[0]
 
 
 def _is_top_level_package(template: Path, folder: str, root: str) -> bool:
