@@ -260,10 +260,10 @@ def make_guard(
     def changes(thorough: bool) -> list[tuple[str, Any, bool]] | None:
         """(what, new value or `missing`, strict) of each entry, class and guarded namespace
         that changed; None when nothing did. After each test only identities and sizes are
-        compared, in C (well under a millisecond for the ~4000 entries); `thorough` (at plugin
-        registrations and at the end) also compares each function's code (reading `__code__`
-        is an audited event, costly per test; a `__code__` set by the project is refused by
-        the audit hook as it happens)."""
+        compared, in C (well under a millisecond for the ~4000 entries); `thorough` (at the
+        end) also compares each function's code (reading `__code__` is an audited event,
+        costly when repeated; a `__code__` set by the project is refused by the audit hook as
+        it happens)."""
         found: list[tuple[str, Any, bool]] = []
         now_state = state()
         first_labels = now_state[FIRST_LABELS]
@@ -339,7 +339,7 @@ def make_guard(
             problem = plugin_problem(plugin)
             if problem is not None:
                 tamper(problem)
-        check(thorough=True)
+        check()
 
     def acceptable(value: Any) -> bool:
         """A change pytest makes to itself: trusted code, plain data, or a member it added
