@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 GUARDED_PACKAGES = frozenset({"pytest", "_pytest", "pluggy", "conveyor_outcomes", "conveyor_trust"})
-GUARDED_PACKAGES |= {"conveyor_audit"}
+GUARDED_PACKAGES |= {"conveyor_audit", "conveyor_audit_files", "conveyor_pins"}
 VALUE_GUARDED = frozenset({"conveyor_outcomes", "__main__", "json", "conveyor_trust"})
 _METHODS = (types.FunctionType, classmethod, staticmethod, property)
 
@@ -82,7 +82,7 @@ def make_guard(
     missing = _object()
     type_mro = type.__dict__["__mro__"].__get__
     getframe = sys._getframe
-    from conveyor_audit import broken_writer, check_pins, pin
+    from conveyor_pins import broken_writer, check_pins, pin
 
     def state(_s: Any = None) -> Any:
         """The guard's state, a tuple held as this function's default (only an audited
