@@ -279,9 +279,8 @@ def hardening() -> Iterator[dict[str, bool]]:
 def _attack_edits(name: str) -> list[tuple[str, str, str | None]]:
     extra, library_code, _ = ATTACKS[name]
     path = "tinycalc/__init__.py"
-    return [(path, DOCSTRING, DOCSTRING + "\n" + library_code)] + [
-        (path, old, new) for old, new in extra
-    ]
+    edits: list[tuple[str, str, str | None]] = [(path, DOCSTRING, DOCSTRING + "\n" + library_code)]
+    return edits + [(path, old, new) for old, new in extra]
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))

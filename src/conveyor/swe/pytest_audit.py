@@ -276,7 +276,7 @@ def install(
             refuse(f"{event} from {where}")
 
     def on_new_function(event: str, args: tuple[Any, ...], caller: Any) -> None:
-        code = args[0] if args else None
+        code: Any = args[0] if args else None
         if _type(code) is code_type and kind_of(code.co_filename) == 0:
             where = untrusted(caller)
             if where is not None:
@@ -317,7 +317,7 @@ def install(
             refuse(f"{event} from {where}")
 
     def on_compile(event: str, args: tuple[Any, ...], caller: Any) -> None:
-        filename = args[1] if _len(args) > 1 else None
+        filename: Any = args[1] if _len(args) > 1 else None
         if _isinstance(filename, _bytes):
             filename = _bytes.decode(filename, "utf-8", "surrogateescape")
         if not _isinstance(filename, _str):
@@ -342,7 +342,7 @@ def install(
 
     def on_exec(event: str, args: tuple[Any, ...], caller: Any) -> None:
         on_import(event, args, caller)
-        code = args[0] if args else None
+        code: Any = args[0] if args else None
         if _type(code) is not code_type:
             return
         if kind_of(code.co_filename) == 2:
@@ -452,7 +452,7 @@ def _probe_loaders(file_finder: Any) -> list[tuple[str, Any]]:
         except ImportError:
             continue
         if type(finder) is file_finder:
-            return list(finder._loaders)
+            return list(getattr(finder, "_loaders", []))
     return []
 
 
