@@ -183,6 +183,7 @@ def _plugin_files() -> dict[str, str]:
         # The bootstrap's helpers: its audit hook, its snapshot and plugin check.
         "conveyor_audit.py": (here / "pytest_audit.py").read_text(),
         "conveyor_audit_files.py": (here / "pytest_audit_files.py").read_text(),
+        "conveyor_pins.py": (here / "pytest_pins.py").read_text(),
         "conveyor_trust.py": (here / "pytest_trust.py").read_text(),
     }
 
@@ -254,7 +255,8 @@ def _build_env(path: Path, deps: list[str]) -> None:
             for entry in site_packages.iterdir()
             if not entry.name.endswith((".dist-info", ".pth", ".egg-info")) and entry.name[0] != "_"
         }
-        | {PLUGIN_MODULE, "conveyor_audit", "conveyor_audit_files", "conveyor_trust", "_pytest"}
+        | {PLUGIN_MODULE, "_pytest"}
+        | {"conveyor_audit", "conveyor_audit_files", "conveyor_pins", "conveyor_trust"}
     )
     record = {"deps": deps, "site_packages": str(site_packages), "top_level_modules": tops}
     (path / "conveyor-env.json").write_text(json.dumps(record, indent=1))

@@ -45,30 +45,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+# The events the hook looks at (and every `ctypes.*` one); any other returns at once.
 HANDLED = frozenset(
-    {
-        "sys.settrace",
-        "sys.setprofile",
-        "sys._current_frames",
-        "code.__new__",
-        "function.__new__",
-        "object.__setattr__",
-        "marshal.loads",
-        "marshal.load",
-        "compile",
-        "exec",
-        "import",
-        "open",
-        "os.listdir",
-        "os.scandir",
-        "os.rename",
-        "os.remove",
-        "os.rmdir",
-        "os.truncate",
-        "os.link",
-        "os.symlink",
-        "shutil.rmtree",
-    }
+    """sys.settrace sys.setprofile sys._current_frames code.__new__ function.__new__
+    object.__setattr__ marshal.loads marshal.load compile exec import open os.listdir os.scandir
+    os.rename os.remove os.rmdir os.truncate os.link os.symlink shutil.rmtree""".split()
 )
 MAX_CHANNEL_BYTES = 64 << 20  # past this, tamper records are no longer written (still refused)
 
@@ -91,6 +72,7 @@ def install(
     import types
 
     import conveyor_audit_files
+    from conveyor_pins import broken_writer, check_pins, pin
 
     # Everything the hook uses is bound here, before any project code exists.
     os_write, os_fstat = posix.write, posix.fstat
@@ -294,7 +276,7 @@ def install(
             refuse(f"{event} from {where}")
 
     def on_new_function(event: str, args: tuple[Any, ...], caller: Any) -> None:
-        code = args[0] if args else None
+        code: Any = args[0] if args else None
         if _type(code) is code_type and kind_of(code.co_filename) == 0:
             where = untrusted(caller)
             if where is not None:
@@ -335,7 +317,7 @@ def install(
             refuse(f"{event} from {where}")
 
     def on_compile(event: str, args: tuple[Any, ...], caller: Any) -> None:
-        filename = args[1] if _len(args) > 1 else None
+        filename: Any = args[1] if _len(args) > 1 else None
         if _isinstance(filename, _bytes):
             filename = _bytes.decode(filename, "utf-8", "surrogateescape")
         if not _isinstance(filename, _str):
@@ -360,7 +342,7 @@ def install(
 
     def on_exec(event: str, args: tuple[Any, ...], caller: Any) -> None:
         on_import(event, args, caller)
-        code = args[0] if args else None
+        code: Any = args[0] if args else None
         if _type(code) is not code_type:
             return
         if kind_of(code.co_filename) == 2:
@@ -455,72 +437,6 @@ def install(
     return arm
 
 
-def pin(functions: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """(cell pins, dict pins): every closure cell reachable from `functions` with what it holds
-    now, and every dict held in one with its items and size (but `sys.modules`, which the
-    checks watch). What a cell holds must be immutable or pinned itself (a function, a dict); a
-    list or a set could change unseen."""
-    import types
-
-    cells, dicts, seen = [], [], {id(sys.modules)}
-    stack = list(functions)
-    while stack:
-        function = stack.pop()
-        if id(function) in seen:
-            continue
-        seen.add(id(function))
-        for cell in function.__closure__ or ():
-            held = cell.cell_contents
-            cells.append((cell, held))
-            if type(held) is types.FunctionType:
-                stack.append(held)
-            elif type(held) is dict and id(held) not in seen:
-                # A dict of ours (its values are only compared: a dict it holds, such as
-                # `sys.modules`, is watched, not pinned).
-                seen.add(id(held))
-                dicts.append((held, tuple(held.items()), len(held)))
-                stack.extend(v for v in held.values() if type(v) is types.FunctionType)
-            elif isinstance(held, (list, set, bytearray)):
-                raise TypeError(f"a pinned closure holds a mutable {type(held).__name__}")
-    return tuple(cells), tuple(dicts)
-
-
-def check_pins(pins: Any) -> None:
-    """Check `(cell pins, dict pins, a sentinel, broken)` made by `pin`; `broken()` (which
-    raises) at the first cell or dict changed since. Uses nothing but its argument."""
-    cell_pins, dict_pins, missing, broken = pins
-    for cell, content in cell_pins:
-        if cell.cell_contents is not content:
-            broken()
-    for space, items, size in dict_pins:
-        if space.__len__() != size:
-            broken()
-        for key, value in items:
-            if space.get(key, missing) is not value:
-                broken()
-
-
-def broken_writer(fd: int) -> Callable[[], None]:
-    """What the hook does when its pins do not hold: using nothing but its own defaults, a
-    tamper record and `RuntimeError`."""
-    import posix
-
-    write = posix.write
-
-    def broken(
-        _write: Any = write,
-        _fd: int = fd,
-        _line: bytes = b'{"kind": "tamper", "what": "the audit hook\'s state was changed"}\n',
-        _error: type[Exception] = RuntimeError,
-    ) -> None:
-        try:
-            _write(_fd, _line)
-        finally:
-            raise _error("conveyor: the grader's audit hook was tampered with")
-
-    return broken
-
-
 def _coverage_dir() -> str | None:
     """coverage.py's package folder when it runs this process (`coverage run`), else None."""
     module = sys.modules.get("coverage")
@@ -536,7 +452,7 @@ def _probe_loaders(file_finder: Any) -> list[tuple[str, Any]]:
         except ImportError:
             continue
         if type(finder) is file_finder:
-            return list(finder._loaders)
+            return list(getattr(finder, "_loaders", []))
     return []
 
 
@@ -584,5 +500,14 @@ def _guarded_classes() -> frozenset[int]:
 
 
 GUARDED_PACKAGES = frozenset(
-    {"pytest", "_pytest", "pluggy", "conveyor_outcomes", "conveyor_audit", "conveyor_trust"}
+    {
+        "pytest",
+        "_pytest",
+        "pluggy",
+        "conveyor_outcomes",
+        "conveyor_audit",
+        "conveyor_audit_files",
+        "conveyor_pins",
+        "conveyor_trust",
+    }
 )

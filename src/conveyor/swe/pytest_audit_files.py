@@ -80,6 +80,9 @@ def file_rules(
         (its parents are walked up with `..`, so links and `..` in `path` are resolved)."""
         if key_of(path) in protected_files:
             return True
+        slash: Any
+        dot: Any
+        up: Any
         if _type(path) is _str:
             slash, dot, up = "/", ".", "/.."
         else:
@@ -103,7 +106,8 @@ def file_rules(
         path = plain_path(args[0]) if args else None
         if path is None:
             return
-        mode, flags = (args[1], args[2]) if _len(args) > 2 else (None, 0)
+        mode: Any = args[1] if _len(args) > 2 else None
+        flags: Any = args[2] if _len(args) > 2 else 0
         writes = (_type(flags) is _int and flags & write_flags) or (
             _type(mode) is _str and _any(c in mode for c in "wax+")
         )

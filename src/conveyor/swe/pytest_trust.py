@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 GUARDED_PACKAGES = frozenset({"pytest", "_pytest", "pluggy", "conveyor_outcomes", "conveyor_trust"})
-GUARDED_PACKAGES |= {"conveyor_audit"}
+GUARDED_PACKAGES |= {"conveyor_audit", "conveyor_audit_files", "conveyor_pins"}
 VALUE_GUARDED = frozenset({"conveyor_outcomes", "__main__", "json", "conveyor_trust"})
 _METHODS = (types.FunctionType, classmethod, staticmethod, property)
 
@@ -78,11 +78,13 @@ def make_guard(
     declared_files = frozenset(declared)
     guarded = GUARDED_PACKAGES
     value_guarded = VALUE_GUARDED
-    outcomes_mutable = _getattr(modules.get("conveyor_outcomes"), "MUTABLE", frozenset())
+    outcomes_mutable: frozenset[str] = _getattr(
+        modules.get("conveyor_outcomes"), "MUTABLE", frozenset()
+    )
     missing = _object()
     type_mro = type.__dict__["__mro__"].__get__
     getframe = sys._getframe
-    from conveyor_audit import broken_writer, check_pins, pin
+    from conveyor_pins import broken_writer, check_pins, pin
 
     def state(_s: Any = None) -> Any:
         """The guard's state, a tuple held as this function's default (only an audited
@@ -98,7 +100,7 @@ def make_guard(
         """Change the state, unless code of the project is on the stack (a check run inside
         its call, e.g. a plugin registration it made): the audit hook would refuse the
         assignment, and the check runs again later from pytest alone."""
-        frame = getframe(1)
+        frame: Any = getframe(1)
         while frame is not None:
             if not trusted_file(frame.f_code.co_filename):
                 return
@@ -173,6 +175,7 @@ def make_guard(
     def plugin_problem(plugin: Any) -> str | None:
         if plugin is None or _type(plugin) is watch_class:
             return None
+        space: Any
         if _type(plugin) is module_type:
             space = _vars(plugin)
             name = space.get("__name__")
@@ -260,10 +263,10 @@ def make_guard(
     def changes(thorough: bool) -> list[tuple[str, Any, bool]] | None:
         """(what, new value or `missing`, strict) of each entry, class and guarded namespace
         that changed; None when nothing did. After each test only identities and sizes are
-        compared, in C (well under a millisecond for the ~4000 entries); `thorough` (at plugin
-        registrations and at the end) also compares each function's code (reading `__code__`
-        is an audited event, costly per test; a `__code__` set by the project is refused by
-        the audit hook as it happens)."""
+        compared, in C (well under a millisecond for the ~4000 entries); `thorough` (at the
+        end) also compares each function's code (reading `__code__` is an audited event,
+        costly when repeated; a `__code__` set by the project is refused by the audit hook as
+        it happens)."""
         found: list[tuple[str, Any, bool]] = []
         now_state = state()
         first_labels = now_state[FIRST_LABELS]
@@ -339,7 +342,7 @@ def make_guard(
             problem = plugin_problem(plugin)
             if problem is not None:
                 tamper(problem)
-        check(thorough=True)
+        check()
 
     def acceptable(value: Any) -> bool:
         """A change pytest makes to itself: trusted code, plain data, or a member it added
@@ -359,8 +362,8 @@ def make_guard(
             now = hookimpls()
             seen = state()[IMPLS]
             if final or _len(now) != _len(seen) or _any(a is not b for a, b in _zip(now, seen)):
-                for problem in hookimpl_problems():
-                    tamper(problem)
+                for found_problem in hookimpl_problems():
+                    tamper(found_problem)
                 put(impls=now)
             if final:
                 for _name, plugin in _list(state()[PM].list_name_plugin()):
@@ -390,7 +393,7 @@ def make_guard(
         why = trusted_class(cls)
         if why is not None:
             return f"{nodeid}: item {why}"
-        space = _getattr(item, "__dict__", None)
+        space: Any = _getattr(item, "__dict__", None)
         if _type(space) is _dict:
             for key in _list(space):
                 if _type(key) is not _str:
@@ -398,7 +401,7 @@ def make_guard(
                 if _isinstance(class_member(cls, key), method_kinds_and_types):
                     return f"{nodeid}: {key} replaced on the item"
         if _isinstance(item, function_item):
-            function = item.obj
+            function: Any = item.obj
             if _type(function) is bound_method:
                 function = function.__func__
             if _type(function) is not function_type:
