@@ -80,7 +80,12 @@ def install(
     getframe, get_ident = sys._getframe, threading.get_ident
     _type, _len, _isinstance, _vars, _id, _tuple = type, len, isinstance, vars, id, tuple
     _str, _bytes, _frozenset, _open = str, bytes, frozenset, open
-    _all, _zip, _range, _list, _dict = all, zip, range, list, dict
+    _all, _any, _zip, _range, _list, _dict = all, any, zip, range, list, dict
+    _type_error = TypeError
+    # Loading a shared library and looking up its symbols is what libraries using ctypes do at
+    # import (keyring's macOS backend); reading memory, making objects of addresses and calling
+    # foreign functions stay refused.
+    ctypes_loading = _frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle"})
     _runtime_error, _import_error, _os_error = RuntimeError, ImportError, OSError
     _no_frame = ValueError
     type_name = type.__dict__["__qualname__"].__get__
@@ -174,6 +179,28 @@ def install(
                 return _type(member) is function_type and kind_of(member.__code__.co_filename) != 0
         return False
 
+    def library_finder(finder: Any) -> bool:
+        """A finder of the venv's or the standard library's (importlib_metadata adds its
+        `MetadataPathFinder` when first imported), used as its class defines it: its
+        `find_spec` is trusted code and the instance overrides no method. What it loads is still
+        checked when it runs (`loading_problem`)."""
+        if _isinstance(finder, _type):
+            return False
+        try:
+            space = _vars(finder)
+        except _type_error:  # no instance dict: nothing overridden
+            space = {}
+        if _any(k in space for k in ("find_spec", "find_module")):
+            return False
+        for klass in type_mro(_type(finder)):
+            member = _vars(klass).get("find_spec")
+            if member is None:
+                continue
+            if _type(member) is classmethod_type or _type(member) is staticmethod_type:
+                member = member.__func__
+            return _type(member) is function_type and kind_of(member.__code__.co_filename) == 0
+        return False
+
     def import_system_problem() -> str | None:
         """What is wrong with the import system, if anything: a finder, hook or cached finder
         that is neither one present at `arm`, pytest's assertion rewriter, a plain FileFinder,
@@ -195,6 +222,8 @@ def install(
                 if _all(_type(k) is _str and k not in names for k in _vars(finder)):
                     continue
             elif outside_defined(finder, ("find_spec", "find_module")):
+                continue
+            elif library_finder(finder):
                 continue
             return f"untrusted sys.meta_path entry {type_name(_type(finder))}"
         for hook in _list(hooks):
@@ -382,7 +411,7 @@ def install(
         handler = handlers.get(event)
         if handler is not None:
             handler(event, args, caller)
-        else:  # ctypes.*
+        elif event not in ctypes_loading:  # ctypes.*: reaching memory, calling C
             on_introspection(event, args, caller)
 
     def audit(event: str, args: tuple[Any, ...], _armed: Any = None) -> None:

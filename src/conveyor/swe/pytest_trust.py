@@ -384,6 +384,25 @@ def make_guard(
                 return found
         return missing
 
+    def inherited_test(item: Any, function: Any) -> bool:
+        """A test method of a test class (of a declared test file) whose code the library
+        provides: markdown's test classes get their methods from `LegacyTestCase` (and its
+        metaclass) in `markdown/test_tools.py`, which is the agent's to edit anyway. Accepted
+        when the class resolves the test's name to this very function; a library that rebinds
+        a test class's attribute at run time is not seen by this check (canaries and the audit
+        hook's import checks are)."""
+        cls = _getattr(item, "cls", None)
+        name = _getattr(item, "originalname", None) or _getattr(item, "name", None)
+        if not _isinstance(cls, _type) or _type(name) is not _str:
+            return False
+        module = modules.get(_getattr(cls, "__module__", None))
+        if _getattr(module, "__file__", None) not in declared_files:
+            return False
+        for klass in _getattr(cls, "__mro__", ()):
+            if name in _vars(klass):
+                return _vars(klass)[name] is function
+        return False
+
     def item_problem(item: Any) -> str | None:
         """Why the test `item` is not the one collected from the task's files, if so: an
         instance-level replacement of one of its methods, a test function or a fixture whose
@@ -406,7 +425,7 @@ def make_guard(
                 function = function.__func__
             if _type(function) is not function_type:
                 return f"{nodeid}: runs a {type_qualname(_type(function))}, not a function"
-            if not trusted_code(function):
+            if not trusted_code(function) and not inherited_test(item, function):
                 return f"{nodeid}: runs {function.__code__.co_filename}'s code"
             info = _getattr(item, "_fixtureinfo", None)
             for definitions in _list(_getattr(info, "name2fixturedefs", {}).values()):
