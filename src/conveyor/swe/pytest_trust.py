@@ -395,7 +395,8 @@ def make_guard(
         name = _getattr(item, "originalname", None) or _getattr(item, "name", None)
         if not _isinstance(cls, _type) or _type(name) is not _str:
             return False
-        module = modules.get(_getattr(cls, "__module__", None))
+        module_name: Any = _getattr(cls, "__module__", None)
+        module = modules.get(module_name) if _type(module_name) is _str else None
         if _getattr(module, "__file__", None) not in declared_files:
             return False
         for klass in _getattr(cls, "__mro__", ()):
