@@ -464,7 +464,9 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         failing=failing[:50],
         collect_errors={k: v[-300:] for k, v in list(run.collect_errors.items())[:20]},
         violations=run.violations[:20] + tripped,
-        tampered=bool(tripped) or any(v.startswith("tampering") for v in run.violations),
+        tampered=bool(tripped)
+        or run.tampered
+        or any(v.startswith("tampering") for v in run.violations),
         canaries=verdict.ran,
         error=error,
     )
