@@ -17,12 +17,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from factory_sets import reward_stages
 from tiny_project import CALC, buggy_calc, tiny_row
 from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
-from conveyor.config import ConveyorConfig
-from conveyor.rollout import AgentStages
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.swe import canaries, test_run
 from conveyor.swe.canary_candidates import (
@@ -60,14 +59,7 @@ def _rl_reward(edits: Sequence[Edit], row: SweRow | None = None) -> Trajectory:
     rewarded by the rollout's reward stage (`AgentStages.reward` -> `SweFamily.grade`)."""
     family = SweFamily()
     task = family.task(row or tiny_row())
-    stages = AgentStages(
-        client=None,  # type: ignore[arg-type]  # the reward stage samples nothing
-        make_renderer=lambda schemas: None,  # type: ignore[arg-type,return-value]
-        agent=ConveyorConfig().agent,
-        sampling=ConveyorConfig().sampling,
-        rollout_timeout_s=60,
-        families={"swe": family},
-    )
+    stages = reward_stages(family, rollout_timeout_s=60)
 
     async def main() -> Trajectory:
         runtime = await family.make_runtime(task)

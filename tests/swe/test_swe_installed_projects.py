@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from factory_sets import factory_rows
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.swe.dataset import SweRow
 from conveyor.swe.environment import swe_home
 from conveyor.swe.family import SweFamily
 from conveyor.swe.grading import run_tests
@@ -36,16 +37,7 @@ SET_SIZE = 2
 
 
 def _rows(name: str, version: str) -> list[SweRow]:
-    path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
-    if path.exists() and len(rows := load_rows(path)) >= SET_SIZE:
-        return rows[:SET_SIZE]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
-
-    ctx = prepare_project(spec_for(name), version)
-    rows = asyncio.run(build_mutation_tasks(ctx, SET_SIZE))
-    write_rows(path, rows)
-    return rows
+    return factory_rows(name, version, SET_SIZE)
 
 
 async def _score(row: SweRow, oracle: bool) -> float:

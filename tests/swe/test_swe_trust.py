@@ -21,17 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factory_sets import factory_rows, reward_stages
 from trust_attacks import LIBRARY_ATTACKS, conftest_forcing, payload, quoted_path_patch
 from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
-from conveyor.config import ConveyorConfig
-from conveyor.rollout import AgentStages
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.swe import canaries, guards, test_run
 from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.swe.environment import swe_home
+from conveyor.swe.dataset import SweRow, write_rows
 from conveyor.swe.family import SweFamily
 from conveyor.swe.grading import GradingOptions, row_template
 from conveyor.swe.patches import file_diff, patch_paths, read_text
@@ -54,23 +52,7 @@ FACTORY_PROJECTS = [
     ("stevedore", "5.10.0"),
     ("keyring", "25.7.0"),
 ]
-SET_SIZE = 2
 PATCH_ATTACKS = ("conftest_quoted_name",)
-
-
-def factory_rows(name: str, version: str, size: int = SET_SIZE) -> list[SweRow]:
-    """`size` factory tasks of a project release (cached under the SWE home; minutes the
-    first time)."""
-    path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
-    if path.exists() and len(rows := load_rows(path)) >= size:
-        return rows[:size]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
-
-    ctx = prepare_project(spec_for(name), version)
-    rows = asyncio.run(build_mutation_tasks(ctx, size))
-    write_rows(path, rows)
-    return rows[:size]
 
 
 @pytest.fixture
@@ -100,14 +82,7 @@ def _rl(row: SweRow, attack: str) -> Trajectory:
     reward stage."""
     family = SweFamily()
     task = family.task(row)
-    stages = AgentStages(
-        client=None,  # type: ignore[arg-type]  # the reward stage samples nothing
-        make_renderer=lambda schemas: None,  # type: ignore[arg-type,return-value]
-        agent=ConveyorConfig().agent,
-        sampling=ConveyorConfig().sampling,
-        rollout_timeout_s=120,
-        families={"swe": family},
-    )
+    stages = reward_stages(family)
     path, text = _target(row)
     if attack in LIBRARY_ATTACKS:
         arguments = {

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.runtime.cpu_pools import run_in_pool
-from conveyor.runtime.limits import SandboxLimits
 from conveyor.runtime.workspace import make_workspace
 from conveyor.swe.canary_candidates import (
     Canary,
@@ -278,18 +277,8 @@ async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> 
         if not found:
             return Validation([], 0, "no test with an equality assertion on a literal")
         await run_in_pool("reward", insert_canaries, workspace.path, found)
-        run = await grading.run_tests(
-            workspace.path,
-            env,
-            select=selection(row, found),
-            pythonpath=row.env.pythonpath,
-            test_cmd=row.env.test_cmd,
-            per_test_timeout_s=options.per_test_timeout_s,
-            run_timeout_s=options.run_timeout_s,
-            runtime_kind=options.runtime,
-            limits=SandboxLimits(memory_bytes=options.memory_bytes),
-            metadata=metadata,
-            test_files=grading.declared_test_files(row),
+        run = await grading.run_row_tests(
+            row, workspace.path, env, options, selection(row, found), metadata
         )
     finally:
         await run_in_pool("reward", workspace.remove)

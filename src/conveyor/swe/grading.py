@@ -319,6 +319,31 @@ def _declared_test_files(workspace: Path, test_files: Sequence[str] | None) -> l
     return sorted(named | {p for p in every if p.rsplit("/", 1)[-1] == "conftest.py"})
 
 
+async def run_row_tests(
+    row: SweRow,
+    workspace: Path,
+    env: TestEnvironment,
+    options: GradingOptions,
+    select: list[str],
+    metadata: Path | None,
+    template: Path | None = None,
+) -> TestRun:
+    """`run_tests` of `select` over a row's workspace with the row's settings and `options`."""
+    return await run_tests(
+        workspace,
+        env,
+        select=select,
+        pythonpath=row.env.pythonpath,
+        test_cmd=row.env.test_cmd,
+        per_test_timeout_s=options.per_test_timeout_s,
+        run_timeout_s=options.run_timeout_s,
+        runtime_kind=options.runtime,
+        limits=SandboxLimits(memory_bytes=options.memory_bytes),
+        metadata=metadata,
+        test_files=declared_test_files(row, template),
+    )
+
+
 def declared_test_files(row: SweRow, template: Path | None = None) -> list[str]:
     """The row's test files, as the tree guard declares them (`guards.declared_tests`): the
     hidden test patch's, those of its F2P/P2P node ids (not a library module's doctests) and
@@ -427,18 +452,8 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
             )
         found = await canaries.row_canaries(row, options)
         await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
-        run = await run_tests(
-            workspace.path,
-            env,
-            select=canaries.selection(row, found),
-            pythonpath=row.env.pythonpath,
-            test_cmd=row.env.test_cmd,
-            per_test_timeout_s=options.per_test_timeout_s,
-            run_timeout_s=options.run_timeout_s,
-            runtime_kind=options.runtime,
-            limits=SandboxLimits(memory_bytes=options.memory_bytes),
-            metadata=metadata,
-            test_files=declared_test_files(row, template),
+        run = await run_row_tests(
+            row, workspace.path, env, options, canaries.selection(row, found), metadata, template
         )
     finally:
         await run_in_pool("reward", workspace.remove)
