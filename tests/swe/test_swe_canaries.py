@@ -317,7 +317,10 @@ def test_a_toolz_task_validates_canaries_and_catches_a_plugin(
         return []
 
     monkeypatch.setattr(canaries, "row_canaries", none)
-    assert _rl_reward(attack, row).reward == 1.0  # the plugin is real: without canaries, paid
+    # the plugin is real: without canaries and the in-process checks (whose plugin check stops
+    # it on its own), paid
+    monkeypatch.setattr(test_run, "HARDENING", dict.fromkeys(test_run.HARDENING, False))
+    assert _rl_reward(attack, row).reward == 1.0
 
 
 def _row_with_copies(instance_id: str, swap: bool, monkeypatch: pytest.MonkeyPatch) -> SweRow:
