@@ -1,15 +1,20 @@
-"""Shared pieces of the SWE tests: factory-built task sets (cached) and the rollout stages whose
-reward stage grades a rollout as a run does."""
+"""Shared pieces of the SWE tests: factory-built task sets (cached), and a rollout whose
+workspace is edited with the real editor tool and rewarded by the rollout stages' reward stage,
+as a run grades it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
+from conveyor.agent.tools import ToolContext
 from conveyor.config import ConveyorConfig
 from conveyor.rollout import AgentStages
 from conveyor.swe.dataset import SweRow, load_rows, write_rows
 from conveyor.swe.environment import swe_home
 from conveyor.swe.family import SweFamily
+from conveyor.types import ToolCall, Trajectory
 
 
 def factory_rows(name: str, version: str, size: int = 2) -> list[SweRow]:
@@ -38,3 +43,31 @@ def reward_stages(family: SweFamily, rollout_timeout_s: float = 120) -> AgentSta
         rollout_timeout_s=rollout_timeout_s,
         families={"swe": family},
     )
+
+
+def edited_rollout_reward(
+    row: SweRow, editor_calls: Sequence[dict[str, Any]], rollout_timeout_s: float = 120
+) -> Trajectory:
+    """A rollout of the swe family on `row` whose workspace gets `editor_calls` (arguments of
+    `str_replace_editor`, each must succeed), rewarded by the reward stage
+    (`AgentStages.reward` -> `SweFamily.grade`)."""
+    family = SweFamily()
+    task = family.task(row)
+    stages = reward_stages(family, rollout_timeout_s)
+
+    async def main() -> Trajectory:
+        runtime = await family.make_runtime(task)
+        try:
+            for arguments in editor_calls:
+                outcome = await family.tools().execute(
+                    ToolCall(name="str_replace_editor", arguments=dict(arguments)),
+                    ToolContext(task=task, runtime=runtime),
+                    timeout_s=60,
+                    max_output_chars=10_000,
+                )
+                assert not outcome.is_error, outcome.output
+            return await stages.reward(task, Trajectory(task_id=task.id), runtime)
+        finally:
+            await runtime.close()
+
+    return asyncio.run(main())

@@ -17,11 +17,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from factory_sets import reward_stages
+from factory_sets import edited_rollout_reward
 from tiny_project import CALC, buggy_calc, tiny_row
 from typer.testing import CliRunner
 
-from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.swe import canaries, test_run
 from conveyor.swe.canary_candidates import (
@@ -30,10 +29,9 @@ from conveyor.swe.canary_candidates import (
 from conveyor.swe.cli import tasks_app
 from conveyor.swe.dataset import SweRow, load_rows, write_rows
 from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
 from conveyor.swe.grading import GradingOptions, grade
 from conveyor.swe.patches import file_diff
-from conveyor.types import ToolCall, Trajectory
+from conveyor.types import Trajectory
 
 AVAILABLE, WHY = bubblewrap_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=WHY)
@@ -57,30 +55,11 @@ Edit = tuple[str, str, str]  # (path, old text, new text): a `str_replace_editor
 def _rl_reward(edits: Sequence[Edit], row: SweRow | None = None) -> Trajectory:
     """A rollout of the swe family whose workspace gets `edits` through the real editor tool,
     rewarded by the rollout's reward stage (`AgentStages.reward` -> `SweFamily.grade`)."""
-    family = SweFamily()
-    task = family.task(row or tiny_row())
-    stages = reward_stages(family, rollout_timeout_s=60)
-
-    async def main() -> Trajectory:
-        runtime = await family.make_runtime(task)
-        try:
-            for path, old, new in edits:
-                arguments = {"command": "str_replace", "old_str": old, "new_str": new}
-                outcome = await family.tools().execute(
-                    ToolCall(
-                        name="str_replace_editor",
-                        arguments={"path": f"/workspace/{path}", **arguments},
-                    ),
-                    ToolContext(task=task, runtime=runtime),
-                    timeout_s=60,
-                    max_output_chars=10_000,
-                )
-                assert not outcome.is_error, outcome.output
-            return await stages.reward(task, Trajectory(task_id=task.id), runtime)
-        finally:
-            await runtime.close()
-
-    return asyncio.run(main())
+    calls = [
+        {"command": "str_replace", "path": f"/workspace/{path}", "old_str": old, "new_str": new}
+        for path, old, new in edits
+    ]
+    return edited_rollout_reward(row or tiny_row(), calls, rollout_timeout_s=60)
 
 
 def _tampered(trajectory: Trajectory) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from factory_sets import factory_rows, reward_stages
+from factory_sets import edited_rollout_reward, factory_rows
 from trust_attacks import LIBRARY_ATTACKS, conftest_forcing, payload, quoted_path_patch
 from typer.testing import CliRunner
 
@@ -80,9 +80,6 @@ def _target(row: SweRow) -> tuple[str, str]:
 def _rl(row: SweRow, attack: str) -> Trajectory:
     """A rollout whose workspace gets the attack through the real editor tool, rewarded by the
     reward stage."""
-    family = SweFamily()
-    task = family.task(row)
-    stages = reward_stages(family)
     path, text = _target(row)
     if attack in LIBRARY_ATTACKS:
         arguments = {
@@ -100,21 +97,7 @@ def _rl(row: SweRow, attack: str) -> Trajectory:
             "file_text": conftest_forcing(None),
         }
 
-    async def main() -> Trajectory:
-        runtime = await family.make_runtime(task)
-        try:
-            outcome = await family.tools().execute(
-                ToolCall(name="str_replace_editor", arguments=arguments),
-                ToolContext(task=task, runtime=runtime),
-                timeout_s=60,
-                max_output_chars=10_000,
-            )
-            assert not outcome.is_error, outcome.output
-            return await stages.reward(task, Trajectory(task_id=task.id), runtime)
-        finally:
-            await runtime.close()
-
-    return asyncio.run(main())
+    return edited_rollout_reward(row, [arguments])
 
 
 def _cli(row: SweRow, attack: str, tmp_path: Path) -> dict[str, object]:
