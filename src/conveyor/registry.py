@@ -8,7 +8,9 @@ named in YAML once that module is listed under ``plugins:``.
 
 The built-in parts live in heavier layers, so each registry knows only the *module* that
 registers each built-in name and imports it on first use. This module imports nothing of
-conveyor at run time, which keeps it at the bottom of the layers and free of import loops.
+conveyor, not even for annotations, which keeps it at the bottom of the layers and free of import
+loops of either kind (type-level ones included): the registries' parts are typed loosely here, and
+each caller that builds a part knows its type.
 """
 
 from __future__ import annotations
@@ -16,16 +18,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from conveyor.dispatch.base import Dispatcher
-    from conveyor.dispatch.executors import Executor
-    from conveyor.engines.factory import EngineBuilder
-    from conveyor.runtime.selection import RuntimeBuilder
-    from conveyor.tasks.family import TaskFamily
-    from conveyor.trainer.advantages import AdvantageEstimator
-    from conveyor.trainer.backend import BackendSpec
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "ADVANTAGES",
@@ -129,7 +122,7 @@ def _same_module(module: str, *names: str) -> dict[str, str]:
     return dict.fromkeys(names, module)
 
 
-STRATEGIES: Registry[type[Dispatcher]] = Registry(
+STRATEGIES: Registry[Any] = Registry(
     "dispatch strategy",
     {
         "batch": "conveyor.dispatch.batch",
@@ -139,18 +132,18 @@ STRATEGIES: Registry[type[Dispatcher]] = Registry(
         "auto": "conveyor.dispatch.auto",
     },
 )
-ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry(
+ADVANTAGES: Registry[Any] = Registry(
     "advantage estimator",
     _same_module("conveyor.trainer.advantages", "grpo", "rloo", "reinforce_pp"),
 )
-ENGINES: Registry[EngineBuilder] = Registry(
+ENGINES: Registry[Any] = Registry(
     "engine kind",
     {
         **_same_module("conveyor.engines.factory", "vllm", "openai", "simulated", "hf"),
         "tinker": "conveyor.bridges.tinker",
     },
 )
-RUNTIMES: Registry[RuntimeBuilder] = Registry(
+RUNTIMES: Registry[Any] = Registry(
     "runtime kind",
     {
         "simulated": "conveyor.runtime.simulated",
@@ -159,11 +152,11 @@ RUNTIMES: Registry[RuntimeBuilder] = Registry(
         "docker": "conveyor.runtime.docker",
     },
 )
-EXECUTORS: Registry[Callable[[], Executor]] = Registry(
+EXECUTORS: Registry[Callable[..., Any]] = Registry(
     "dispatch executor",
     {"asyncio": "conveyor.dispatch.executors", "ray": "conveyor.dispatch.ray_executor"},
 )
-FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
+FAMILIES: Registry[Callable[..., Any]] = Registry(
     "task family",
     {
         "arithmetic": "conveyor.tasks.arithmetic",
@@ -180,7 +173,7 @@ FAMILIES: Registry[Callable[..., TaskFamily]] = Registry(
         "terminal": "conveyor.tasks.terminal",
     },
 )
-BACKENDS: Registry[BackendSpec] = Registry(
+BACKENDS: Registry[Any] = Registry(
     "training backend",
     {
         "builtin": "conveyor.trainer.builtin",
