@@ -16,12 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from conveyor.agent.chat_client import ChatClient
 
 TokenIds = list[int]
 Message = dict[str, Any]
@@ -238,6 +235,17 @@ SOLVED_REWARD = 1.0
 def is_solved(reward: float | None) -> bool:
     """A reward that counts as solving the task (no reward, e.g. an infra error, never does)."""
     return reward is not None and reward >= SOLVED_REWARD
+
+
+@runtime_checkable
+class ChatClient(Protocol):
+    """Messages in, reply text out: a model that plays a part in a task (tau2's simulated user,
+    a judge). Declared here, beside `FamilyServices` which hands one to a family, so the data
+    model names no type of a higher layer; `conveyor.agent.chat_client` makes them."""
+
+    async def reply(self, messages: list[Message]) -> str:
+        """The next assistant message's text after `messages` (roles system/user/assistant)."""
+        ...
 
 
 @dataclass(frozen=True)

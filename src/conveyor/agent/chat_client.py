@@ -11,20 +11,14 @@ grading text, with loss mask 0.
 from __future__ import annotations
 
 import itertools
-from typing import Protocol, runtime_checkable
 
 from conveyor.agent.chat import Tokenizer
 from conveyor.engines.base import SampleRequest, SamplingClient
-from conveyor.types import Message, StopReason
+from conveyor.types import ChatClient, Message, StopReason
 
-
-@runtime_checkable
-class ChatClient(Protocol):
-    """Messages in, reply text out."""
-
-    async def reply(self, messages: list[Message]) -> str:
-        """The next assistant message's text after `messages` (roles system/user/assistant)."""
-        ...
+# `ChatClient` is defined in `conveyor.types`, whose `FamilyServices` hands one to a family and
+# which may name nothing above it; it is named here too, where the clients are made.
+__all__ = ["ChatClient", "RenderedChatClient"]
 
 
 class RenderedChatClient:
