@@ -60,7 +60,7 @@ from conveyor.swe.patches import PatchError, apply_patch, patch_paths
 from conveyor.swe.test_run import Semantics, TestRun
 
 if TYPE_CHECKING:
-    from conveyor.swe.grading import GradingOptions
+    from conveyor.swe.options import GradingOptions
 
 __all__ = ["Canary", "CanaryCheck", "check", "insert_canaries", "row_canaries"]
 

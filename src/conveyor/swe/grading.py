@@ -35,9 +35,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
@@ -56,6 +56,7 @@ from conveyor.swe.environment import (
 )
 from conveyor.swe.environment import test_environment as build_test_environment
 from conveyor.swe.guards import is_test_file
+from conveyor.swe.options import GradingOptions
 from conveyor.swe.patches import (
     PatchError,
     TreeDiff,
@@ -72,61 +73,6 @@ __all__ = ["GradeReport", "GradingOptions", "TestOutcome", "TestRun", "grade", "
 GRADE_DIR = ".conveyor-grade"
 _LOG_TAIL_BYTES = 4000
 _PYTEST_OPTIONS = "-p no:cacheprovider --continue-on-collection-errors -q"
-GradingRuntime = Literal["auto", "bubblewrap", "local"]
-
-
-class GradingOptions(BaseModel):
-    """How tests are run for grading (`tasks.options.swe.grading`, `conveyor tasks grade --set`).
-
-    The grader's tests always run in bubblewrap (`runtime` `auto` or `bubblewrap`; a sandbox
-    that cannot start is an infrastructure error, never a reason to run without it). `local`
-    runs them unsandboxed on this host, where the policy's code could rewrite its own verdict:
-    only with `unsandboxed_grading_i_trust_the_policy: true`, and said in a warning at start.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    per_test_timeout_s: float = Field(30.0, gt=0, description="Per test (setup+call+teardown).")
-    run_timeout_s: float = Field(900.0, gt=0, description="Whole pytest run.")
-    partial_credit: bool = Field(False, description="Reward the share of F2P passing.")
-    runtime: GradingRuntime = Field(
-        "auto", description="auto (= bubblewrap) | bubblewrap | local (needs the key below)"
-    )
-    unsandboxed_grading_i_trust_the_policy: bool = Field(
-        False, description="Allow runtime 'local': the graded tests run without a sandbox."
-    )
-    memory_bytes: int = Field(4 << 30, gt=0, description="Address space per process.")
-    semantics: Semantics = Field(
-        "strict",
-        description="strict: only a real pass counts (for rewards); swebench: xfailed counts "
-        "as passing too, as in SWE-bench's report.",
-    )
-    canaries: int = Field(
-        2, ge=0, description="Hidden canary tests per row (`swe.canaries`); 0 runs none."
-    )
-
-    @model_validator(mode="after")
-    def _unsandboxed_only_when_meant(self) -> Self:
-        trusted = self.unsandboxed_grading_i_trust_the_policy
-        if self.runtime == "local" and not trusted:
-            raise ValueError(
-                "runtime 'local' grades without a sandbox (the tests run the policy's code on "
-                "this host, where it can rewrite its own verdict); set "
-                "unsandboxed_grading_i_trust_the_policy: true to allow it"
-            )
-        if trusted and self.runtime != "local":
-            raise ValueError(
-                "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
-                f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
-            )
-        return self
-
-    @property
-    def unsandboxed(self) -> bool:
-        """Whether the graded tests run without a sandbox (`runtime: local`)."""
-        return self.runtime == "local"
-
-
 UNSANDBOXED_WARNING = (
     "SWE GRADING RUNS UNSANDBOXED (grading runtime 'local', "
     "unsandboxed_grading_i_trust_the_policy: true): the graded tests run the policy's code on "

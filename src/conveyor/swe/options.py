@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import GradingOptions
+from conveyor.swe.test_run import Semantics
 
 TASKS_ENV = "CONVEYOR_SWE_TASKS"
 ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -105,6 +105,63 @@ class RowsFile(BaseModel):
                 "sha256 no longer matches the recorded one)"
             )
         return path
+
+
+# `GradingOptions` lives here, not in `grading.py`, because the canaries (which the grader runs)
+# take it too: defined in the grader, it would tie the two modules into a type-level loop.
+GradingRuntime = Literal["auto", "bubblewrap", "local"]
+
+
+class GradingOptions(BaseModel):
+    """How tests are run for grading (`tasks.options.swe.grading`, `conveyor tasks grade --set`).
+
+    The grader's tests always run in bubblewrap (`runtime` `auto` or `bubblewrap`; a sandbox
+    that cannot start is an infrastructure error, never a reason to run without it). `local`
+    runs them unsandboxed on this host, where the policy's code could rewrite its own verdict:
+    only with `unsandboxed_grading_i_trust_the_policy: true`, and said in a warning at start.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_test_timeout_s: float = Field(30.0, gt=0, description="Per test (setup+call+teardown).")
+    run_timeout_s: float = Field(900.0, gt=0, description="Whole pytest run.")
+    partial_credit: bool = Field(False, description="Reward the share of F2P passing.")
+    runtime: GradingRuntime = Field(
+        "auto", description="auto (= bubblewrap) | bubblewrap | local (needs the key below)"
+    )
+    unsandboxed_grading_i_trust_the_policy: bool = Field(
+        False, description="Allow runtime 'local': the graded tests run without a sandbox."
+    )
+    memory_bytes: int = Field(4 << 30, gt=0, description="Address space per process.")
+    semantics: Semantics = Field(
+        "strict",
+        description="strict: only a real pass counts (for rewards); swebench: xfailed counts "
+        "as passing too, as in SWE-bench's report.",
+    )
+    canaries: int = Field(
+        2, ge=0, description="Hidden canary tests per row (`swe.canaries`); 0 runs none."
+    )
+
+    @model_validator(mode="after")
+    def _unsandboxed_only_when_meant(self) -> Self:
+        trusted = self.unsandboxed_grading_i_trust_the_policy
+        if self.runtime == "local" and not trusted:
+            raise ValueError(
+                "runtime 'local' grades without a sandbox (the tests run the policy's code on "
+                "this host, where it can rewrite its own verdict); set "
+                "unsandboxed_grading_i_trust_the_policy: true to allow it"
+            )
+        if trusted and self.runtime != "local":
+            raise ValueError(
+                "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
+                f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
+            )
+        return self
+
+    @property
+    def unsandboxed(self) -> bool:
+        """Whether the graded tests run without a sandbox (`runtime: local`)."""
+        return self.runtime == "local"
 
 
 class SweOptions(BaseModel):
