@@ -54,6 +54,12 @@ class ImportGraph:
         """Edges that execute on import: the only ones that can make an import loop."""
         return [e for e in self.edges if e.when is When.MODULE]
 
+    def type_level_edges(self) -> list[ImportEdge]:
+        """Module-level edges plus TYPE_CHECKING ones: what a type checker (or a reader) must
+        follow to make sense of a module. A loop among these never fails at run time, but it
+        ties lower layers to upper ones through their annotations."""
+        return [e for e in self.edges if e.when is not When.FUNCTION]
+
 
 def scan_package(root: Path, package: str | None = None) -> ImportGraph:
     """Parse every ``.py`` file under `root` (a package folder) into an `ImportGraph`.

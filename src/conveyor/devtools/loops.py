@@ -2,7 +2,12 @@
 
 A loop among module-level imports makes the outcome depend on which module is imported first
 (a half-initialised module, an ImportError on a name defined later). Function-level and
-TYPE_CHECKING imports do not run at import time, so they cannot close a loop.
+TYPE_CHECKING imports do not run at import time, so they cannot close such a loop.
+
+A *type-level* loop also counts TYPE_CHECKING imports (``types=True``). It never fails at run
+time, yet it makes a low module's meaning depend on a higher one's (its annotations name types
+defined above it), so the layers hold for readers and type checkers only without it.
+Function-level imports are deliberate deferrals and count in neither.
 """
 
 from __future__ import annotations
@@ -15,21 +20,23 @@ from conveyor.devtools.imports import ImportEdge, ImportGraph
 __all__ = ["import_loops", "loop_path"]
 
 
-def import_loops(graph: ImportGraph) -> list[list[str]]:
-    """Each loop as a sorted list of its modules (strongly connected parts of size > 1)."""
+def import_loops(graph: ImportGraph, *, types: bool = False) -> list[list[str]]:
+    """Each loop as a sorted list of its modules (strongly connected parts of size > 1);
+    with `types`, TYPE_CHECKING imports count too."""
     successors: dict[str, set[str]] = defaultdict(set)
-    for edge in graph.module_level_edges():
+    for edge in _edges(graph, types):
         successors[edge.source].add(edge.target)
     return sorted(
         sorted(part) for part in _strongly_connected(graph.modules, successors) if len(part) > 1
     )
 
 
-def loop_path(graph: ImportGraph, loop: list[str]) -> list[ImportEdge]:
-    """One closed chain of module-level imports through the loop's modules, for messages."""
+def loop_path(graph: ImportGraph, loop: list[str], *, types: bool = False) -> list[ImportEdge]:
+    """One closed chain of imports through the loop's modules, for messages (`types` as for
+    `import_loops`)."""
     members = set(loop)
     by_source: dict[str, list[ImportEdge]] = defaultdict(list)
-    for edge in graph.module_level_edges():
+    for edge in _edges(graph, types):
         if edge.source in members and edge.target in members:
             by_source[edge.source].append(edge)
     start = loop[0]
@@ -47,6 +54,10 @@ def loop_path(graph: ImportGraph, loop: list[str]) -> list[ImportEdge]:
                     nxt.append((edge.target, [*path, edge]))
         frontier = nxt
     return []
+
+
+def _edges(graph: ImportGraph, types: bool) -> list[ImportEdge]:
+    return graph.type_level_edges() if types else graph.module_level_edges()
 
 
 def _strongly_connected(nodes: Iterable[str], successors: dict[str, set[str]]) -> list[set[str]]:
