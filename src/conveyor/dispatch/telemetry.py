@@ -4,7 +4,7 @@ Saved into the run folder as `dispatch_trajectories.jsonl` (one line per traject
 start/end and queue waits, seconds since the dispatcher started), `dispatch_series.jsonl` (one
 line per sample: queue depths, live runtimes, run stages and engine requests in flight) and
 `dispatch_summary.json` (with `runtime_starts`: the stages' runtime start counters at the
-end, when the stages report them: starts, rate-limit waits, warm pool hits and misses).
+end, when the stages report them: starts, rate-limit waits, warm pool hits, joins and misses).
 `conveyor.dispatch.plot.plot_timeline` draws them.
 """
 

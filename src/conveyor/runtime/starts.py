@@ -15,7 +15,8 @@ spreads them out and, with `runtime.warm_pool: K`, keeps K runtimes started ahea
   *recipe*, e.g. the executor's sandbox over an empty workspace), K of them are started ahead,
   under the same limits, and each request takes one (a *hit*) and triggers a refill. When none
   is ready the request waits for the oldest pool start in flight that no other request waits
-  for (a hit that *joined*: it began earlier than a start of the request's own would); only a
+  for (a *join*: it began earlier than a start of the request's own would, but the request
+  still waits for it, so it is counted apart from the hits, which waited for nothing); only a
   failed pool start or a closed pool means a fresh start (a *miss*). A pooled runtime is handed
   out once, never returned, and closed like any other by whoever took it; `close()` closes the
   ones still in the pool.
@@ -62,8 +63,10 @@ class StartCounters:
     `starts`: runtimes started (fresh and for the pool); `failures`: starts that raised;
     `rate_waits` / `rate_wait_s`: starts that waited for the rate limit, and how long in all;
     `slot_waits`: starts that waited for a place among `max_concurrent_starts`;
-    `warm_hits` / `warm_misses`: requests a pool served / could not serve (started fresh);
-    `warm_joins`: hits that waited for a pool start already in flight (none was ready);
+    `warm_hits`: requests a pool served with a ready runtime (no wait for a start);
+    `warm_joins`: requests that waited for a pool start already in flight (none was ready): a
+    pool that is always empty when asked saves little, and shows joins, not hits;
+    `warm_misses`: requests the pool could not serve (started fresh);
     `warm_discarded`: pooled runtimes found dead when taken (closed, never handed out);
     `start_times`: when the last `RECENT_STARTS` starts were let through (`time.monotonic()`;
     bounded, so a week-long run's counters stay small); `peak_starts_1s`: the most starts let
@@ -234,7 +237,6 @@ class WarmPool:
                     self._spawn(_close_quietly(handed))
             raise
         if joined is not None:
-            self.counters.warm_hits += 1
             self.counters.warm_joins += 1
         return joined
 
@@ -318,8 +320,8 @@ class RuntimeStarts:
     async def warm(self, recipe: Hashable, build: Callable[[], Runtime]) -> Runtime:
         """A started runtime of `recipe` (a key naming what `build` makes, equal for equal
         runtimes): from its warm pool (a ready one, or a pool start in flight), else `build()`
-        started now. Without a warm pool (`warm_pool: 0`) always the latter, and no hit or miss
-        is counted."""
+        started now. Without a warm pool (`warm_pool: 0`) always the latter, and no hit, join or
+        miss is counted."""
         if self.settings.warm_pool == 0 or self._closed:
             return await self.start(build())
         pool = self._pools.get(recipe)
@@ -348,6 +350,7 @@ class RuntimeStarts:
             "starts": c.starts,
             "rate_waits": c.rate_waits,
             "warm_hits": c.warm_hits,
+            "warm_joins": c.warm_joins,
             "warm_misses": c.warm_misses,
             "warm_ready": self.warm_ready(),
         }
@@ -362,8 +365,8 @@ class RuntimeStarts:
             "rate_wait_s": round(c.rate_wait_s, 3),
             "slot_waits": c.slot_waits,
             "warm_hits": c.warm_hits,
-            "warm_misses": c.warm_misses,
             "warm_joins": c.warm_joins,
+            "warm_misses": c.warm_misses,
             "warm_discarded": c.warm_discarded,
             "warm_ready": self.warm_ready(),
             "peak_starts_1s": c.peak_starts_1s,
