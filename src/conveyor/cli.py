@@ -160,13 +160,15 @@ def eval_command(
 ) -> None:
     """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
     from conveyor.app.evaluate import eval_main
+    from conveyor.app.run_log import capture
     from conveyor.dispatch.ray_cluster import ClusterError
     from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
 
     resolved = _load(config, set_)
     try:
-        run_dir = eval_main(resolved)
+        with capture():
+            run_dir = eval_main(resolved)
     except (ModelError, EngineError, ClusterError) as exc:
         _fail(str(exc))
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -193,6 +195,7 @@ def train_command(
     """RL-train a model (optionally after a supervised warm start); writes a run folder."""
     import asyncio
 
+    from conveyor.app.run_log import capture
     from conveyor.app.train import run_training
     from conveyor.config import ConfigError
     from conveyor.dispatch.ray_cluster import ClusterError
@@ -203,7 +206,8 @@ def train_command(
 
     resolved = _load(config, set_)
     try:
-        run_dir = asyncio.run(run_training(resolved, resume=resume, say=typer.echo))
+        with capture(run_dir=resume):
+            run_dir = asyncio.run(run_training(resolved, resume=resume, say=typer.echo))
     except (
         ModelError,
         ConfigError,

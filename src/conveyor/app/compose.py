@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.app.run_log import attach
 from conveyor.config import ConveyorConfig, SamplingConfig, TrainerConfig
 from conveyor.types import Task
 
@@ -311,7 +312,8 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
 
 
 def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
-    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty."""
+    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty.
+    A command's library log (`conveyor.app.run_log`) goes into it from here on."""
     if config.run.dir is not None:
         run_dir = Path(config.run.dir)
         if run_dir.exists() and any(run_dir.iterdir()):
@@ -319,6 +321,7 @@ def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
                 f"run folder {run_dir} already holds a run; choose another run.dir"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
+        attach(run_dir)
         return run_dir
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = Path("runs") / f"{kind}-{stamp}"
@@ -327,4 +330,5 @@ def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
         suffix += 1
         run_dir = Path("runs") / f"{kind}-{stamp}-{suffix}"
     run_dir.mkdir(parents=True)
+    attach(run_dir)
     return run_dir

@@ -232,6 +232,9 @@ def server_env(
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     # set by an in-process engine of this process for itself; a server needs its own
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    # set by `conveyor train`/`eval` to keep this process's vLLM off the console; a server's
+    # output is its own log file, where vLLM's usual logging belongs
+    env.pop("VLLM_CONFIGURE_LOGGING", None)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
         return env, _GPU_SHARE / gpu_sharers, dtype
