@@ -322,24 +322,33 @@ def test_a_run_that_crashes_or_is_cancelled_leaves_no_sandbox_behind(
     assert _leftovers(private_tmp) == [] and _children() == []
 
 
+def _take_twice(starts: RuntimeStarts, pooled: int, die: bool = False) -> tuple[bool, bool]:
+    """A first request of a fresh pool, a wait until `pooled` runtimes are ready in it (then
+    closed there when they `die`), a second request; everything closed after. Whether the
+    second got a live runtime, and whether it was one of those that were ready."""
+
+    async def main() -> tuple[bool, bool]:
+        first = await starts.warm("blank", lambda: SimulatedRuntime({}))
+        while starts.warm_ready() < pooled:
+            await asyncio.sleep(0.01)
+        ready = list(starts._pools["blank"].ready)
+        for runtime in ready if die else []:
+            await runtime.close()  # died in the pool
+        second = await starts.warm("blank", lambda: SimulatedRuntime({}))
+        outcome = (second.alive() and second is not first, any(second is r for r in ready))
+        for runtime in (first, second):
+            await runtime.close()
+        await starts.close()
+        return outcome
+
+    return asyncio.run(main())
+
+
 def test_a_dead_warm_runtime_is_discarded_never_handed_out() -> None:
     """A pooled runtime that died while waiting is closed and counted; the request gets a live
     one (the refill its take began: a join, as for the very first request)."""
     starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=2))
-
-    async def main() -> None:
-        first = await starts.warm("blank", lambda: SimulatedRuntime({}))
-        while starts.warm_ready() < 2:
-            await asyncio.sleep(0.01)
-        for pooled in list(starts._pools["blank"].ready):
-            await pooled.close()  # died in the pool
-        second = await starts.warm("blank", lambda: SimulatedRuntime({}))
-        assert second.alive() and second is not first
-        await first.close()
-        await second.close()
-        await starts.close()
-
-    asyncio.run(main())
+    assert _take_twice(starts, pooled=2, die=True) == (True, False)
     counters = starts.counters
     # both requests found nothing ready (the first an empty pool, the second only dead ones)
     assert (counters.warm_discarded, counters.warm_hits, counters.warm_misses) == (2, 0, 0)
@@ -405,19 +414,7 @@ def test_a_ready_idle_runtime_is_a_hit() -> None:
     """The first request of a pool joins its first start; once the refill is ready and idle,
     the next request takes that very runtime without waiting: a hit."""
     starts = RuntimeStarts(RuntimeConfig(start_rate=None, warm_pool=1))
-
-    async def main() -> None:
-        first = await starts.warm("blank", lambda: SimulatedRuntime({}))
-        while starts.warm_ready() < 1:
-            await asyncio.sleep(0.01)
-        idle = starts._pools["blank"].ready[0]
-        second = await starts.warm("blank", lambda: SimulatedRuntime({}))
-        assert second is idle and second.alive()
-        await first.close()
-        await second.close()
-        await starts.close()
-
-    asyncio.run(main())
+    assert _take_twice(starts, pooled=1) == (True, True)
     counters = starts.counters
     assert (counters.warm_hits, counters.warm_joins, counters.warm_misses) == (1, 1, 0)
     assert starts.sample()["warm_hits"] == starts.report()["warm_hits"] == 1
