@@ -17,8 +17,10 @@ from pathlib import Path
 
 from conveyor.app.run_log import LOG_FILE, OUR_PACKAGE, attach, capture
 
-NOISY_LIBRARY = """
+NOISY_LIBRARY = r"""
 import logging
+import os
+import sys
 import warnings
 
 from conveyor.engines.factory import build_simulated
@@ -32,6 +34,7 @@ def build(config, model_dir):
     warnings.warn("noisylib: this API is deprecated (at build)", FutureWarning)
     log.warning("noisylib: a log warning at build")
     log.info("noisylib: an info line at build")
+    os.write(2, b"noisylib: C++ code writes to fd 2 at build\n")
     engine = build_simulated(config, model_dir)
     sample = engine.sample
     said = []
@@ -42,6 +45,7 @@ def build(config, model_dir):
             warnings.warn("noisylib: a warning while sampling", UserWarning)
             log.warning("noisylib: a log warning while sampling")
             log.error("noisylib: a real error while sampling")
+            sys.stderr.write("noisylib: a progress bar while sampling\r\n")
         return await sample(request)
 
     engine.sample = noisy_sample
@@ -87,6 +91,8 @@ def test_eval_sends_library_warnings_to_the_run_log_and_keeps_its_own_lines(
         "an info line at build",
         "a warning while sampling",
         "a log warning while sampling",
+        "C++ code writes to fd 2 at build",
+        "a progress bar while sampling",
     ):
         assert said in log, said
         assert said not in console, said

@@ -13,6 +13,10 @@ the rest after them. What still reaches the console:
 - everything kept, on stderr, when the command ends before a run folder exists (a failed engine
   start: its warnings are the diagnosis).
 
+Below Python's logging, file descriptor 2 goes the same way (a temporary file, then the log):
+torch's C++ warnings, vLLM's loading bars and what child processes print to stderr write there,
+while our console lines are written to a copy of the real stderr.
+
 vLLM installs its own handler (to stdout) when `vllm.logger` is first imported, unless
 `VLLM_CONFIGURE_LOGGING=0`, which `capture` sets for this process (a replica server, another
 process with its own log file, has it removed again: `conveyor.engines.vllm_replicas`).
@@ -26,6 +30,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,10 +125,56 @@ def _is_ours(record: logging.LogRecord) -> bool:
     return record.name == _OUR_LOGGER or record.name.startswith(_OUR_LOGGER + ".")
 
 
+class _StderrToLog:
+    """File descriptor 2, where C and C++ code (torch's own warnings), progress bars and child
+    processes write past Python's logging: into a temporary file until the run folder exists,
+    then into its log. `console` writes to the real stderr meanwhile."""
+
+    def __init__(self) -> None:
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        # closed at the end of the command (`_RunLog.finish`)
+        self.console: TextIO = open(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+        self.pending: Any = tempfile.TemporaryFile()
+        os.dup2(self.pending.fileno(), 2)
+
+    def attach(self, path: Path, sink: TextIO) -> None:
+        """What was written so far goes after `sink`'s lines, and fd 2 into the file itself."""
+        if self.pending is None:
+            return
+        sys.stderr.flush()
+        self.pending.seek(0)
+        sink.write(self.pending.read().decode("utf-8", "replace"))
+        sink.flush()
+        self.pending.close()
+        self.pending = None
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    def restore(self) -> str:
+        """fd 2 back to the console; what was never attached to a log, for the console."""
+        sys.stderr.flush()
+        held = ""
+        if self.pending is not None:
+            self.pending.seek(0)
+            held = self.pending.read().decode("utf-8", "replace")
+            self.pending.close()
+            self.pending = None
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        return held
+
+
 class _RunLog:
     """What `capture` changed, to be put back on exit."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
+        # the real console: fd 2 itself is redirected; a stream given (a test) is left alone
+        self.redirect = _StderrToLog() if stream is None else None
+        if self.redirect is not None:
+            stream = self.redirect.console
+        assert stream is not None
         self.stream = stream
         self.file = _RunLogHandler()
         self.console = logging.StreamHandler(stream)
@@ -200,14 +251,23 @@ class _RunLog:
                 logger.propagate = True
                 self.undo.append(lambda lg=logger: setattr(lg, "propagate", False))
 
+    def attach(self, path: Path) -> None:
+        self.file.attach(path)
+        if self.redirect is not None and self.file.sink is not None:
+            self.redirect.attach(path, self.file.sink)
+        # libraries imported since the start (Ray with the cluster, vLLM's helpers) add handlers
+        self.adopt_library_handlers()
+
     def finish(self, failed: bool) -> None:
         file = self.file
-        if file.sink is None and file.held and failed:
+        held = self.redirect.restore() if self.redirect is not None else ""
+        if file.sink is None and failed:
             # no run folder to hold them: what the libraries said may be why the run failed
             formatter = logging.Formatter(_FORMAT)
             for record in file.held:
                 if not self.console.filter(record):
                     self.stream.write(formatter.format(record) + "\n")
+            self.stream.write(held)
         elif file.path is not None and file.library_warnings:
             self.stream.write(
                 f"{file.library_warnings} warnings of the libraries underneath (vLLM, "
@@ -217,6 +277,8 @@ class _RunLog:
         for undo in reversed(self.undo):
             undo()
         file.close()
+        if self.redirect is not None:
+            self.redirect.console.close()
 
 
 @contextlib.contextmanager
@@ -228,11 +290,11 @@ def capture(run_dir: Path | None = None, stream: TextIO | None = None) -> Iterat
     if _active is not None:  # a command inside a command: the outer one holds the log
         yield
         return
-    run_log = _RunLog(stream if stream is not None else sys.stderr)
-    run_log.start()
+    run_log = _RunLog(stream)
     _active = run_log
     failed = True
     try:
+        run_log.start()
         if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
             attach(run_dir)  # a resumed run's folder (not one the command will refuse)
         yield
@@ -245,9 +307,5 @@ def capture(run_dir: Path | None = None, stream: TextIO | None = None) -> Iterat
 def attach(run_dir: Path) -> None:
     """The run folder exists: the held records go to its `run.log`, and the later ones follow.
     Nothing without an active `capture` (a run started from Python, a test)."""
-    run_log = _active
-    if run_log is None:
-        return
-    run_log.file.attach(Path(run_dir) / LOG_FILE)
-    # libraries imported since the start (Ray with the cluster, vLLM's helpers) add handlers
-    run_log.adopt_library_handlers()
+    if _active is not None:
+        _active.attach(Path(run_dir) / LOG_FILE)
