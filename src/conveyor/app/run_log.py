@@ -186,9 +186,9 @@ class _RunLog:
         root = logging.getLogger()
         self.undo.append(lambda level=root.level: root.setLevel(level))
         root.setLevel(logging.INFO)
-        root.addHandler(self.file)
-        root.addHandler(self.console)
-        self.undo.append(lambda: (root.removeHandler(self.file), root.removeHandler(self.console)))
+        for handler in (self.file, self.console):
+            root.addHandler(handler)
+            self.undo.append(lambda handler=handler: root.removeHandler(handler))
         for name, level in _QUIETER.items():
             logger = logging.getLogger(name)
             self.undo.append(lambda logger=logger, old=logger.level: logger.setLevel(old))
