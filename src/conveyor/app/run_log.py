@@ -20,8 +20,10 @@ while our console lines are written to a copy of the real stderr.
 vLLM installs its own handler (to stdout) when `vllm.logger` is first imported, unless
 `VLLM_CONFIGURE_LOGGING=0`, which `capture` sets for this process (a replica server, another
 process with its own log file, has it removed again: `conveyor.engines.vllm_replicas`).
-transformers and other libraries that keep a stream handler of their own (Ray, huggingface_hub)
-are made to hand their records to the root logger instead, for the duration of the command.
+Libraries that keep a stream handler of their own (transformers, Ray, huggingface_hub) hand
+their records to the root logger instead, from the start of the command or, for one imported
+later, from the moment the run folder exists (before that, their handler writes to fd 2, which
+is held with the rest); nothing is imported here for it, so a refusal at start stays quick.
 """
 
 from __future__ import annotations
@@ -199,7 +201,6 @@ class _RunLog:
         shown = warnings.showwarning
         warnings.showwarning = self.show_warning
         self.undo.append(lambda: setattr(warnings, "showwarning", shown))
-        self._own_transformers()
         self.adopt_library_handlers()
 
     def show_warning(
@@ -216,17 +217,6 @@ class _RunLog:
         text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
         own = str(Path(filename).resolve()).startswith(OUR_PACKAGE)
         logging.getLogger("py.warnings").warning(text, extra={"conveyor_own": own})
-
-    def _own_transformers(self) -> None:
-        # transformers adds its stream handler lazily, at its first logger: ask it directly.
-        try:
-            from transformers.utils import logging as hf_logging
-        except ImportError:
-            return
-        hf_logging.disable_default_handler()
-        hf_logging.enable_propagation()
-        self.undo.append(hf_logging.enable_default_handler)
-        self.undo.append(hf_logging.disable_propagation)
 
     def adopt_library_handlers(self) -> None:
         """Libraries' loggers that print to the console through their own stream handler hand
