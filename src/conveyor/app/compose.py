@@ -310,14 +310,21 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     return config.model_copy(update={"engine": engine})
 
 
-def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
-    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty."""
+def check_run_dir(config: ConveyorConfig) -> None:
+    """Refuse an explicit `run.dir` that already holds a run (before anything starts)."""
     if config.run.dir is not None:
         run_dir = Path(config.run.dir)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise FileExistsError(
                 f"run folder {run_dir} already holds a run; choose another run.dir"
             )
+
+
+def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
+    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty."""
+    check_run_dir(config)
+    if config.run.dir is not None:
+        run_dir = Path(config.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
