@@ -246,8 +246,8 @@ def test_override_errors() -> None:
 
 def test_exponent_numbers_without_a_dot_are_floats(tmp_path: Path) -> None:
     # YAML 1.1 reads `1e-4` as text; a learning rate written so must still be a number.
-    cfg = load_config(None, ["trainer.lr=1e-4", "rl.sft_lr=2E-5"]).config
-    assert cfg.trainer.lr == pytest.approx(1e-4) and cfg.rl.sft_lr == pytest.approx(2e-5)
+    cfg = load_config(None, ["trainer.lr=1e-4", "rl.warm_start.lr=2E-5"]).config
+    assert cfg.trainer.lr == pytest.approx(1e-4) and cfg.rl.warm_start.lr == pytest.approx(2e-5)
     path = write(tmp_path, "trainer:\n  lr: 3e-6\n  eps: -1.5e-8\n")
     with pytest.raises(ConfigError, match=r"'trainer\.eps'"):  # a number, refused by its range
         load_config(path)
