@@ -71,7 +71,7 @@ def test_a_config_that_cannot_train_is_refused_before_the_run_folder(
 def test_a_warm_start_made_otherwise_is_refused_before_the_run_folder(tmp_path: Path) -> None:
     source = _warm_start_folder(tmp_path)
     run = tmp_path / "arm"
-    with pytest.raises(ConfigError, match="trainer.seed: 0 there, 1 here"):
+    with pytest.raises(ConfigError, match=r"trainer\.seed: 0 there, 1 here"):
         _train(HEADROOM, run, f"rl.warm_start.from_run={source}", "trainer.seed=1")
     assert not run.exists()
 
