@@ -373,24 +373,23 @@ def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> Training
             "builtin and ray_fsdp backends do; set rl.warm_start.steps=0, or warm-start with "
             "trainer.backend builtin and point model.path at its sft_model/"
         )
-    reused = warm_start_source(config, resume)  # checked before the engine's minute
-    training = bool(rl.steps or rl.warm_start.steps)
-    if training and not (info := BACKENDS.get(config.trainer.backend).info()).train:
-        raise ConfigError(
-            f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
-            "(`conveyor backends` lists what can)"
-        )
     # The base model's evaluation may be shorter: the first instances of the held-out ones (a
     # larger n extends a smaller one), or none.
     held_out = rl.eval.tasks
     before = held_out if rl.eval.before_tasks is None else rl.eval.before_tasks
-    return TrainingPlan(
+    plan = TrainingPlan(
         config=config,
         resume=resume,
-        reused=reused,
+        reused=warm_start_source(config, resume),  # checked before the engine's minute
         eval_tasks=held_out,
         before_tasks=min(before, held_out) if before and held_out else 0,
     )
+    if plan.training and not (info := BACKENDS.get(config.trainer.backend).info()).train:
+        raise ConfigError(
+            f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
+            "(`conveyor backends` lists what can)"
+        )
+    return plan
 
 
 @dataclass
@@ -410,29 +409,15 @@ class Run:
 
 
 async def open_run(plan: TrainingPlan, say: Say) -> Run:
-    """Start the parts and refuse what only they can say (the cluster, an engine the backend
-    cannot sync into, a server that takes no weights, a family that cannot use the runtime,
-    too few training tasks); then, last, create the run folder (or take the resumed one)."""
-    from conveyor.engines.base import TrainableCheck, WeightFolder
+    """Start the parts and refuse what only they can say (`check_parts`, too few training
+    tasks); then, last, create the run folder (or take the resumed one)."""
+    from conveyor.engines.base import WeightFolder
 
     config = plan.config
     started = time.monotonic()
     parts = Composition(config)
     try:
-        # A cluster that cannot host the run says so before the engine takes its minute.
-        parts.start_cluster()
-        client = parts.engine
-        refusal = parts.backend_spec.refusal(config, client) if plan.training else None
-        if refusal is not None:
-            # Refused in the first seconds: before the tokenizer, the run folder and any
-            # evaluation, since RL needs an engine the backend can sync into and check.
-            raise ConfigError(refusal)
-        await parts.checked_engine()
-        if plan.training and isinstance(client, TrainableCheck):
-            # A server: does it take weights (dev-mode reload endpoints, token ids)?
-            await client.check_trainable()
-        # Loaded before the run folder: a model folder without a tokenizer fails here.
-        _ = parts.tokenizer
+        await check_parts(plan, parts)
         engine_start_s = time.monotonic() - started
         train_tasks = parts.tasks(config.tasks.num_tasks, "train")
         if config.rl.steps and config.rl.tasks_per_step > len(train_tasks):
@@ -447,7 +432,7 @@ async def open_run(plan: TrainingPlan, say: Say) -> Run:
         else:
             run_dir = make_run_dir(config, "train")
             (run_dir / "config.yaml").write_text(config_to_yaml(config))
-        if isinstance(client, WeightFolder):
+        if isinstance(client := parts.engine, WeightFolder):
             client.use_weights_dir(run_dir / "weights")
         eval_sampling = SamplingConfig(
             temperature=config.rl.eval.temperature,
@@ -470,6 +455,27 @@ async def open_run(plan: TrainingPlan, say: Say) -> Run:
         started=started,
         timings={"engine_start_s": engine_start_s},
     )
+
+
+async def check_parts(plan: TrainingPlan, parts: Composition) -> None:
+    """The refusals only the parts can give: a cluster that cannot host the run, an engine the
+    backend cannot sync into, a server that does not serve the model or takes no weights, a
+    model folder without a tokenizer."""
+    from conveyor.engines.base import TrainableCheck
+
+    # A cluster that cannot host the run says so before the engine takes its minute.
+    parts.start_cluster()
+    client = parts.engine
+    refusal = parts.backend_spec.refusal(plan.config, client) if plan.training else None
+    if refusal is not None:
+        # Refused in the first seconds: before the tokenizer, the run folder and any
+        # evaluation, since RL needs an engine the backend can sync into and check.
+        raise ConfigError(refusal)
+    await parts.checked_engine()
+    if plan.training and isinstance(client, TrainableCheck):
+        # A server: does it take weights (dev-mode reload endpoints, token ids)?
+        await client.check_trainable()
+    _ = parts.tokenizer
 
 
 async def held_out(run: Run, tasks: Sequence[Task], name: str, label: str) -> dict[str, Any]:
