@@ -80,7 +80,7 @@ def test_config_show_names_sources_and_rejects_unknown_keys(tmp_path: Path) -> N
 
 def test_incomplete_group_policy_is_a_config_key_with_a_checked_value(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("rl:\n  incomplete_group: refill\n")
+    config.write_text("rl:\n  groups:\n    incomplete: refill\n")
     shown = conveyor("config", "show", str(config), "--set", "rl.groups.max_refills=2")
     assert shown.returncode == 0, shown.stderr
     lines = [" ".join(x.split()) for x in shown.stdout.splitlines()]
