@@ -80,16 +80,16 @@ def test_config_show_names_sources_and_rejects_unknown_keys(tmp_path: Path) -> N
 
 def test_incomplete_group_policy_is_a_config_key_with_a_checked_value(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
-    config.write_text("rl:\n  incomplete_group: refill\n")
-    shown = conveyor("config", "show", str(config), "--set", "rl.max_refills=2")
+    config.write_text("rl:\n  groups:\n    incomplete: refill\n")
+    shown = conveyor("config", "show", str(config), "--set", "rl.groups.max_refills=2")
     assert shown.returncode == 0, shown.stderr
     lines = [" ".join(x.split()) for x in shown.stdout.splitlines()]
-    assert any('rl.incomplete_group = "refill"' in x for x in lines)
-    assert any("rl.max_refills = 2" in x and "--set" in x for x in lines)
-    assert any('rl.refill_fallback = "train_partial"' in x for x in lines)
+    assert any('rl.groups.incomplete = "refill"' in x for x in lines)
+    assert any("rl.groups.max_refills = 2" in x and "--set" in x for x in lines)
+    assert any('rl.groups.refill_fallback = "train_partial"' in x for x in lines)
     # The fallback after refilling cannot itself be refill.
-    bad = conveyor("config", "show", str(config), "--set", "rl.refill_fallback=refill")
-    assert bad.returncode == 2 and "rl.refill_fallback" in bad.stderr
+    bad = conveyor("config", "show", str(config), "--set", "rl.groups.refill_fallback=refill")
+    assert bad.returncode == 2 and "rl.groups.refill_fallback" in bad.stderr
 
 
 def test_tasks_families_json_contract() -> None:

@@ -246,8 +246,8 @@ def test_override_errors() -> None:
 
 def test_exponent_numbers_without_a_dot_are_floats(tmp_path: Path) -> None:
     # YAML 1.1 reads `1e-4` as text; a learning rate written so must still be a number.
-    cfg = load_config(None, ["trainer.lr=1e-4", "rl.sft_lr=2E-5"]).config
-    assert cfg.trainer.lr == pytest.approx(1e-4) and cfg.rl.sft_lr == pytest.approx(2e-5)
+    cfg = load_config(None, ["trainer.lr=1e-4", "rl.warm_start.lr=2E-5"]).config
+    assert cfg.trainer.lr == pytest.approx(1e-4) and cfg.rl.warm_start.lr == pytest.approx(2e-5)
     path = write(tmp_path, "trainer:\n  lr: 3e-6\n  eps: -1.5e-8\n")
     with pytest.raises(ConfigError, match=r"'trainer\.eps'"):  # a number, refused by its range
         load_config(path)
@@ -433,3 +433,52 @@ def test_trainer_train_seed_is_read_as_trainer_seed(tmp_path: Path) -> None:
 def test_a_renamed_key_names_its_new_name(old: str, new: str) -> None:
     with pytest.raises(ConfigError, match=rf"did you mean '{new}'\?"):
         load_config(None, [old])
+
+
+# Issue 29: the flat `rl` keys moved into one section per concept.
+RL_MOVES = {
+    "sft_steps": "warm_start.steps",
+    "sft_tasks": "warm_start.tasks",
+    "sft_batch_size": "warm_start.batch_size",
+    "sft_lr": "warm_start.lr",
+    "sft_train_last_layers": "warm_start.train_last_layers",
+    "warm_start_from": "warm_start.from_run",
+    "eval_tasks": "eval.tasks",
+    "eval_before_tasks": "eval.before_tasks",
+    "eval_every": "eval.every",
+    "eval_stop_halfwidth": "eval.stop_halfwidth",
+    "eval_min_tasks": "eval.min_tasks",
+    "eval_temperature": "eval.temperature",
+    "truncated": "groups.truncated",
+    "incomplete_group": "groups.incomplete",
+    "max_refills": "groups.max_refills",
+    "refill_fallback": "groups.refill_fallback",
+    "min_partial_size": "groups.min_partial_size",
+    "filter_zero_variance_groups": "groups.filter_zero_variance",
+    "reward_control": "controls.reward",
+    "tensorboard": "logging.tensorboard",
+    "wandb": "logging.wandb",
+    "checkpoint_every": "checkpoints.every",
+    "keep_checkpoints": "checkpoints.keep",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), RL_MOVES.items())
+def test_every_moved_rl_key_names_its_new_home_from_a_file_and_from_set(
+    tmp_path: Path, old: str, new: str
+) -> None:
+    path = write(tmp_path, f"rl:\n  {old}: 1\n")
+    with pytest.raises(ConfigError, match=rf"unknown config key 'rl\.{old}' .*'rl\.{new}'\?"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"unknown config key 'rl\.{old}' .*'rl\.{new}'\?"):
+        load_config(None, [f"rl.{old}=1"])
+    # the new home takes the setting (each is a leaf of its section)
+    assert (
+        new.rsplit(".", 1)[-1]
+        in type(getattr(load_config(None).config.rl, new.split(".")[0])).model_fields
+    )
+
+
+def test_an_old_train_section_key_follows_both_renames() -> None:
+    with pytest.raises(ConfigError, match=r"did you mean 'rl\.warm_start\.steps'\?"):
+        load_config(None, ["train.sft_steps=8"])

@@ -295,7 +295,7 @@ def tasks_check(
 
 @app.command("sft")
 def sft_command(
-    config: Annotated[Path, typer.Argument(help="A YAML config file (rl.sft_* settings).")],
+    config: Annotated[Path, typer.Argument(help="A YAML config file (rl.warm_start settings).")],
     set_: SetOption = None,
 ) -> None:
     """Only the supervised warm start on oracle traces (rl.steps=0), evaluated before/after."""

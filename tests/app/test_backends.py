@@ -88,7 +88,7 @@ def test_a_warm_start_with_a_service_backend_is_refused_before_anything_starts(
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 2
-    assert "rl.sft_steps=8 with trainer.backend 'tinker'" in done.stderr
+    assert "rl.warm_start.steps=8 with trainer.backend 'tinker'" in done.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -99,7 +99,7 @@ def test_training_on_a_backend_unusable_here_is_refused_at_start_with_its_reason
     done = subprocess.run(
         [
             *(sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"),
-            *("--set", f"trainer.backend={backend}", "--set", "rl.sft_steps=0"),
+            *("--set", f"trainer.backend={backend}", "--set", "rl.warm_start.steps=0"),
             *("--set", f"run.dir={tmp_path / 'run'}"),
         ],
         capture_output=True,

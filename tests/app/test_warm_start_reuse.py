@@ -1,6 +1,7 @@
-"""`rl.warm_start_from`: RL arms reuse one run's warm start, and only a warm start they could have
-made themselves. The end-to-end path (a real warm start reused by an lr=0 arm through the CLI) is
-in tests/trainer/test_train_smoke.py; here the checks and the copy, on config files as written.
+"""`rl.warm_start.from_run`: RL arms reuse one run's warm start, and only a warm start they could
+have made themselves. The end-to-end path (a real warm start reused by an lr=0 arm through the
+CLI) is in tests/trainer/test_train_smoke.py; here the checks and the copy, on config files as
+written.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _source(tmp_path: Path, *sets: str) -> Path:
 def _adopt(tmp_path: Path, source: Path, *sets: str) -> tuple[Path, list[str]]:
     run = tmp_path / "arm"
     run.mkdir(exist_ok=True)
-    config = load_config(HEADROOM, [f"run.dir={run}", f"rl.warm_start_from={source}", *sets])
+    config = load_config(HEADROOM, [f"run.dir={run}", f"rl.warm_start.from_run={source}", *sets])
     said: list[str] = []
     adopt_warm_start(warm_start_source(config.config), run, said.append)
     return run, said
@@ -43,7 +44,7 @@ def _adopt(tmp_path: Path, source: Path, *sets: str) -> tuple[Path, list[str]]:
     "arm",
     [
         ["trainer.lr=0"],
-        ["rl.reward_control=shuffle"],
+        ["rl.controls.reward=shuffle"],
         ["rl.mode=async", "rl.max_staleness=2", "rl.steps=4"],
         ["trainer.train_last_layers=2", "tasks.group_size=8"],
     ],
@@ -72,9 +73,9 @@ def test_an_rl_arm_copies_the_warm_start_and_its_evaluations(
     ("change", "named"),
     [
         ("trainer.seed=1", "trainer.seed: 0 there, 1 here"),
-        ("rl.sft_lr=2.0e-4", "trainer.lr: 0.0001 there, 0.0002 here"),
-        ("rl.sft_steps=4", "rl.sft_steps: 8 there, 4 here"),
-        ("rl.eval_tasks=50", "rl.eval_tasks: 200 there, 50 here"),
+        ("rl.warm_start.lr=2.0e-4", "trainer.lr: 0.0001 there, 0.0002 here"),
+        ("rl.warm_start.steps=4", "rl.warm_start.steps: 8 there, 4 here"),
+        ("rl.eval.tasks=50", "rl.eval.tasks: 200 there, 50 here"),
         ("tasks.task_seed=3", "tasks.task_seed: 0 there, 3 here"),
         ("agent.max_turns=4", "agent.max_turns: 6 there, 4 here"),
         ("sampling.sampling_seed=2", "sampling.sampling_seed: None there, 2 here"),
@@ -91,18 +92,19 @@ def test_a_warm_start_made_otherwise_is_refused_with_the_key(
 
 
 def test_the_rl_blocks_count_when_the_warm_start_inherits_them(tmp_path: Path) -> None:
-    # rl.sft_train_last_layers null: the warm start trained trainer.train_last_layers blocks, so
-    # that key is now part of the warm start (in the headroom config, `all`, it is not).
-    source = _source(tmp_path, "rl.sft_train_last_layers=null")
-    _adopt(tmp_path, source, "rl.sft_train_last_layers=null", "trainer.lr=0")
+    # rl.warm_start.train_last_layers null: the warm start trained trainer.train_last_layers
+    # blocks, so that key is now part of the warm start (in the headroom config, `all`, it is not).
+    inherit = "rl.warm_start.train_last_layers=null"
+    source = _source(tmp_path, inherit)
+    _adopt(tmp_path, source, inherit, "trainer.lr=0")
     with pytest.raises(ConfigError, match=r"trainer\.train_last_layers: 4 there, 2 here"):
-        _adopt(tmp_path, source, "rl.sft_train_last_layers=null", "trainer.train_last_layers=2")
+        _adopt(tmp_path, source, inherit, "trainer.train_last_layers=2")
 
 
 def test_a_folder_without_a_finished_warm_start_is_refused(tmp_path: Path) -> None:
     source = _source(tmp_path)
-    with pytest.raises(ConfigError, match="sft_steps=0: there is no warm start"):
-        _adopt(tmp_path, source, "rl.sft_steps=0")
+    with pytest.raises(ConfigError, match=r"warm_start\.steps=0: there is no warm start"):
+        _adopt(tmp_path, source, "rl.warm_start.steps=0")
     with pytest.raises(ConfigError, match="is not a training run folder"):
         _adopt(tmp_path, tmp_path / "nowhere")
     (source / "sft_model" / "model.safetensors").unlink()

@@ -58,8 +58,8 @@ def test_in_process_vllm_a_vllm_server_and_the_sdk_agent_through_the_gateway_agr
     del model_dir  # prepared by the fixture: the warm start below starts from it
     # 4 warm-start steps of 4 oracle traces: measured 2-3 turns per rollout after them.
     warm = tmp_path / "warm"
-    sft = ("rl.sft_steps=4", "rl.sft_tasks=16", "rl.sft_batch_size=4")
-    _conveyor("sft", warm, "rl.eval_tasks=0", *sft, "rl.export_final=false")
+    sft = ("rl.warm_start.steps=4", "rl.warm_start.tasks=16", "rl.warm_start.batch_size=4")
+    _conveyor("sft", warm, "rl.eval.tasks=0", *sft, "rl.export_final=false")
     model = warm / "sft_model"
     in_process, server, gateway = tmp_path / "vllm", tmp_path / "server", tmp_path / "gateway"
     _eval(in_process, model)

@@ -39,9 +39,11 @@ rl:
   steps: 1
   tasks_per_step: 2
   advantage: centred
-  eval_tasks: 2
-  checkpoint_every: 0
   export_final: false
+  eval:
+    tasks: 2
+  checkpoints:
+    every: 0
 trainer:
   lr: 1.0e-6
   micro_batch_tokens: 1024

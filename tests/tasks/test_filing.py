@@ -180,7 +180,7 @@ def test_the_warm_start_imitates_demonstrations_solved_or_not_and_only_solved_or
 ) -> None:
     """Through the real tokenizer, renderer and agent loop: filing's demonstrations are all
     kept (most do not solve their task); filenav's oracle traces are kept because they solve."""
-    sets = [f"run.dir={tmp_path}", f"model.path={model_dir}", "rl.sft_tasks=12"]
+    sets = [f"run.dir={tmp_path}", f"model.path={model_dir}", "rl.warm_start.tasks=12"]
     filing = Composition(load_config(REPO / "configs" / "rl-headroom.yaml", sets).config)
     samples, said = run(warm_start_samples(filing))
     kept, solved = map(int, re.search(r"(\d+)/12 traces kept \((\d+) solve", said).groups())
@@ -194,7 +194,7 @@ def test_the_warm_start_imitates_demonstrations_solved_or_not_and_only_solved_or
 def test_an_evaluation_may_stop_once_its_interval_is_narrow_over_a_prefix_in_task_order(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    """`rl.eval_stop_halfwidth`: through the real dispatcher, renderer and tools, with a
+    """`rl.eval.stop_halfwidth`: through the real dispatcher, renderer and tools, with a
     scripted policy (the oracle on even instances, a wrong document on odd ones: pass rate 1/2);
     the report covers the first instances in task order, never the quickest ones."""
     from conveyor.app.reports import wilson_interval
@@ -215,8 +215,9 @@ def test_an_evaluation_may_stop_once_its_interval_is_narrow_over_a_prefix_in_tas
             ToolCall(name="finish", arguments={"answer": task.data["documents"][wrong]}),
         ]
 
-    def report(**rl: Any) -> dict[str, Any]:
-        parts = Composition(config.model_copy(update={"rl": config.rl.model_copy(update=rl)}))
+    def report(**held_out: Any) -> dict[str, Any]:
+        settings = config.rl.model_copy(update={"eval": config.rl.eval.model_copy(update=held_out)})
+        parts = Composition(config.model_copy(update={"rl": settings}))
         tokenizer = parts.tokenizer
         engine = OracleEngine(
             {t.id: policy(i, t) for i, t in enumerate(tasks)},
@@ -231,7 +232,7 @@ def test_an_evaluation_may_stop_once_its_interval_is_narrow_over_a_prefix_in_tas
 
     whole = report()
     assert whole["n"] == 120 and whole["pass_rate"] == 0.5 and "stopped_early" not in whole
-    early = report(eval_stop_halfwidth=0.12, eval_min_tasks=20)
+    early = report(stop_halfwidth=0.12, min_tasks=20)
     n = early["n"]
     assert 20 <= n < 120 and early["stopped_early"]["evaluated"] == n
     assert sorted(early["outcomes"]) == sorted(t.id for t in tasks[:n])

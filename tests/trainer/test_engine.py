@@ -497,10 +497,10 @@ def test_weight_fingerprint_digests_named_exports_in_their_dtype_and_probes_at_t
     ("sets", "warm_start_trains", "rl_trains"),
     [
         (["trainer.train_last_layers=1"], "top", "top"),  # the warm start inherits by default
-        (["trainer.train_last_layers=1", "rl.sft_train_last_layers=all"], "all", "top"),
-        (["rl.sft_train_last_layers=1"], "top", "all"),
+        (["trainer.train_last_layers=1", "rl.warm_start.train_last_layers=all"], "all", "top"),
+        (["rl.warm_start.train_last_layers=1"], "top", "all"),
         # `all` is full fine-tuning: a LoRA run's warm start trains every weight, no adapters
-        (["trainer.lora.enabled=true", "rl.sft_train_last_layers=all"], "all", "lora"),
+        (["trainer.lora.enabled=true", "rl.warm_start.train_last_layers=all"], "all", "lora"),
         (["trainer.lora.enabled=true"], "lora", "lora"),
     ],
 )
@@ -511,7 +511,7 @@ def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
     from conveyor.app.train import warm_start_settings
     from conveyor.config import load_config
 
-    config = load_config(None, [*sets, "trainer.device=cpu", "rl.sft_lr=3.0e-4"]).config
+    config = load_config(None, [*sets, "trainer.device=cpu", "rl.warm_start.lr=3.0e-4"]).config
     plain = config.trainer.model_copy(
         update={"lora": config.trainer.lora.model_copy(update={"enabled": False})}
     )
@@ -533,5 +533,5 @@ def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
     warm = warm_start_settings(config)
     assert warm.lr == 3e-4 and not warm.loss.tis
     assert (trained(warm), trained(config.trainer)) == (warm_start_trains, rl_trains)
-    with pytest.raises(ConfigError, match=r"rl\.sft_train_last_layers"):
-        load_config(None, ["rl.sft_train_last_layers=0"])
+    with pytest.raises(ConfigError, match=r"rl\.warm_start\.train_last_layers"):
+        load_config(None, ["rl.warm_start.train_last_layers=0"])

@@ -27,15 +27,15 @@ pytestmark = pytest.mark.slow
 
 CONFIG = "configs/quickstart.yaml"
 TINY = [
-    "rl.eval_tasks=0",
-    "rl.sft_steps=0",
+    "rl.eval.tasks=0",
+    "rl.warm_start.steps=0",
     "rl.export_final=false",
     "tasks.num_tasks=8",
     "rl.tasks_per_step=2",
     "tasks.group_size=2",
     "agent.max_turns=2",
     "agent.max_completion_tokens=32",
-    "rl.checkpoint_every=1",
+    "rl.checkpoints.every=1",
 ]
 ROLLOUTS_PER_STEP = 2 * 2
 

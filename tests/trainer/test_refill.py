@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 from tiny_llama import LowHalfStages, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, DispatchConfig, RLConfig, TasksConfig, TrainerConfig
+from conveyor.config import (
+    CheckpointsConfig,
+    ConveyorConfig,
+    DispatchConfig,
+    GroupsConfig,
+    RLConfig,
+    TasksConfig,
+    TrainerConfig,
+)
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.engines.hf_local import HFEngine
 from conveyor.runtime.base import RuntimeFailure
@@ -67,10 +75,15 @@ class FlakyInitStages(LowHalfStages):
 
 
 def run_one_step(
-    tiny: Path, run_dir: Path, **train: Any
+    tiny: Path, run_dir: Path, **groups: Any
 ) -> tuple[dict[str, float], TrainBatch, FlakyInitStages]:
     config = ConveyorConfig(
-        rl=RLConfig(steps=1, tasks_per_step=len(TASKS), checkpoint_every=0, **train),
+        rl=RLConfig(
+            steps=1,
+            tasks_per_step=len(TASKS),
+            checkpoints=CheckpointsConfig(every=0),
+            groups=GroupsConfig(**groups),
+        ),
         tasks=TasksConfig(group_size=GROUP),
         dispatch=DispatchConfig(max_infra_retries=RETRIES),
         trainer=TrainerConfig(lr=1e-3, device="cpu", micro_batch_tokens=512),
@@ -112,7 +125,7 @@ def expected_advantages(groups: list[list[dict[str, Any]]]) -> list[float]:
 
 def test_refill_keeps_groups_whole_and_counts_each_outcome(tiny: Path, tmp_path: Path) -> None:
     metrics, batch, stages = run_one_step(
-        tiny, tmp_path / "run", incomplete_group="refill", max_refills=1, refill_fallback="drop"
+        tiny, tmp_path / "run", incomplete="refill", max_refills=1, refill_fallback="drop"
     )
     # Refills start at attempt 2, on the very sample that was lost; a refill has its own retries.
     refill_inits = [(t, s, a) for t, s, a in stages.inits if a >= RETRIES + 1]
@@ -151,7 +164,7 @@ def test_refill_keeps_groups_whole_and_counts_each_outcome(tiny: Path, tmp_path:
 
 
 def test_refill_falls_back_to_training_the_partial_group(tiny: Path, tmp_path: Path) -> None:
-    metrics, batch, _ = run_one_step(tiny, tmp_path / "run", incomplete_group="refill")
+    metrics, batch, _ = run_one_step(tiny, tmp_path / "run", incomplete="refill")
     assert metrics["filter/refilled_samples"] == 3 and metrics["filter/refill_failed"] == 1
     assert metrics["filter/partial_groups"] == 1 and metrics["filter/dropped_groups"] == 0
     groups = groups_of_step(tmp_path / "run")
@@ -166,7 +179,7 @@ def test_refill_falls_back_to_training_the_partial_group(tiny: Path, tmp_path: P
 def test_without_refill_short_groups_train_partial_or_drop(
     policy: str, tiny: Path, tmp_path: Path
 ) -> None:
-    metrics, batch, stages = run_one_step(tiny, tmp_path / "run", incomplete_group=policy)
+    metrics, batch, stages = run_one_step(tiny, tmp_path / "run", incomplete=policy)
     assert max(a for _, _, a in stages.inits) == RETRIES  # no refill attempt
     assert metrics["filter/refill_missing"] == 0 and metrics["filter/refill_rollouts"] == 0
     assert metrics["status/infra_error"] == 4

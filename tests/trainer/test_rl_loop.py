@@ -18,7 +18,15 @@ import pytest
 import torch
 from tiny_llama import VOCAB, LowHalfStages, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
+from conveyor.config import (
+    CheckpointsConfig,
+    ControlsConfig,
+    ConveyorConfig,
+    LoggingConfig,
+    RLConfig,
+    TasksConfig,
+    TrainerConfig,
+)
 from conveyor.engines.hf_local import HFEngine
 from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from conveyor.trainer.engine import TorchTrainingEngine
@@ -60,10 +68,9 @@ def make_loop(
             steps=steps,
             tasks_per_step=4,
             mode=mode,  # type: ignore[arg-type]
-            checkpoint_every=checkpoint_every,
-            keep_checkpoints=10,
-            tensorboard=tensorboard,
-            reward_control=reward_control,  # type: ignore[arg-type]
+            checkpoints=CheckpointsConfig(every=checkpoint_every, keep=10),
+            logging=LoggingConfig(tensorboard=tensorboard),
+            controls=ControlsConfig(reward=reward_control),  # type: ignore[arg-type]
             max_staleness=max_staleness,
         ),
         tasks=TasksConfig(group_size=8),

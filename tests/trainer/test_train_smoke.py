@@ -17,14 +17,14 @@ pytestmark = pytest.mark.slow
 
 SMALL = [
     "rl.steps=1",
-    "rl.eval_tasks=2",
-    "rl.sft_steps=1",
-    "rl.sft_tasks=2",
-    "rl.sft_batch_size=2",
+    "rl.eval.tasks=2",
+    "rl.warm_start.steps=1",
+    "rl.warm_start.tasks=2",
+    "rl.warm_start.batch_size=2",
     "tasks.num_tasks=4",
     "rl.tasks_per_step=2",
     "tasks.group_size=2",
-    "rl.checkpoint_every=1",
+    "rl.checkpoints.every=1",
 ]
 
 
@@ -74,13 +74,14 @@ def test_quickstart_smoke_writes_the_contract_files(tmp_path: Path, model_dir: P
 
 
 def test_an_lr0_arm_reuses_the_warm_start_through_the_cli(tmp_path: Path, model_dir: Path) -> None:
-    """`rl.warm_start_from`: the arm trains no warm start of its own, starts RL from the source's
-    `sft_model/` (byte for byte) and pairs its RL share on the source's warm-start evaluation."""
+    """`rl.warm_start.from_run`: the arm trains no warm start of its own, starts RL from the
+    source's `sft_model/` (byte for byte) and pairs its RL share on the source's warm-start
+    evaluation."""
     source = tmp_path / "source"
     first = train(f"run.dir={source}")
     assert first.returncode == 0, first.stderr[-4000:]
     arm = tmp_path / "lr0"
-    result = train(f"run.dir={arm}", f"rl.warm_start_from={source}", "trainer.lr=0")
+    result = train(f"run.dir={arm}", f"rl.warm_start.from_run={source}", "trainer.lr=0")
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"warm start: reused from {source}" in result.stdout
     assert "warm start step" not in result.stdout  # no training of its own
@@ -99,7 +100,7 @@ def test_an_lr0_arm_reuses_the_warm_start_through_the_cli(tmp_path: Path, model_
     assert all(bool((warm[k] == final[k]).all()) for k in warm)
     # An arm whose warm start would differ is refused before the engine starts.
     other = tmp_path / "other"
-    refused = train(f"run.dir={other}", f"rl.warm_start_from={source}", "trainer.seed=3")
+    refused = train(f"run.dir={other}", f"rl.warm_start.from_run={source}", "trainer.seed=3")
     assert refused.returncode != 0
     assert "trainer.seed: 0 there, 3 here" in refused.stderr + refused.stdout
     assert not other.exists()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tiny_llama import VOCAB, LowHalfStages, random_batch, save_tiny_llama
 
-from conveyor.config import ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
+from conveyor.config import CheckpointsConfig, ConveyorConfig, RLConfig, TasksConfig, TrainerConfig
 from conveyor.engines.base import SampleRequest, WeightFingerprint
 from conveyor.engines.hf_local import HFEngine
 from conveyor.engines.simulated import SimulatedEngine
@@ -113,7 +113,12 @@ def test_the_rl_loop_stops_at_a_sync_whose_load_is_patched_to_a_noop_and_never_t
 ) -> None:
     tiny = save_tiny_llama(tmp_path / "model")
     config = ConveyorConfig(
-        rl=RLConfig(steps=4, tasks_per_step=2, mode=mode, checkpoint_every=1),  # type: ignore[arg-type]
+        rl=RLConfig(
+            steps=4,
+            tasks_per_step=2,
+            mode=mode,  # type: ignore[arg-type]
+            checkpoints=CheckpointsConfig(every=1),
+        ),
         tasks=TasksConfig(group_size=4),
         trainer=TrainerConfig(lr=1e-2, device="cpu", micro_batch_tokens=256),
     )

@@ -24,7 +24,7 @@ SIGNIFICANCE = 0.05
 def _read(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} is missing (a training run with a warm start and rl.eval_tasks > 0 writes it)"
+            f"{path} is missing (a training run with a warm start and rl.eval.tasks > 0 writes it)"
         )
     data: dict[str, Any] = json.loads(path.read_text())
     return data

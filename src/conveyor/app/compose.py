@@ -311,15 +311,22 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     return config.model_copy(update={"engine": engine})
 
 
-def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
-    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty.
-    A command's library log (`conveyor.app.run_log`) goes into it from here on."""
+def check_run_dir(config: ConveyorConfig) -> None:
+    """Refuse an explicit `run.dir` that already holds a run (before anything starts)."""
     if config.run.dir is not None:
         run_dir = Path(config.run.dir)
         if run_dir.exists() and any(run_dir.iterdir()):
             raise FileExistsError(
                 f"run folder {run_dir} already holds a run; choose another run.dir"
             )
+
+
+def make_run_dir(config: ConveyorConfig, kind: str) -> Path:
+    """`run.dir`, or a fresh `runs/<kind>-<timestamp>`; an explicit folder must be new or empty.
+    A command's library log (`conveyor.app.run_log`) goes into it from here on."""
+    check_run_dir(config)
+    if config.run.dir is not None:
+        run_dir = Path(config.run.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         attach(run_dir)
         return run_dir

@@ -1,11 +1,15 @@
 """`conveyor train CONFIG`: the whole job, from a base model to a trained one, measured.
 
-Order: start the engine -> evaluate the base model on the held-out split (`eval_before.json`)
--> optional supervised warm start on oracle traces (`sft_model/`, `eval_after_sft.json`) -> RL
-steps (`metrics.jsonl`, checkpoints) -> evaluate again (`eval_after.json`) -> export the final
-model (`final_model/`) and plots. Evaluations use `rl.eval_temperature` (0 = greedy) and one
-sample per held-out instance. `--resume RUN_DIR` skips what is already on disk and continues from
-the newest checkpoint.
+A run is a checked plan and its phases. `check_plan` decides from the config and the resume
+folder what the run will do and refuses what cannot work; `open_run` starts the engine, refuses
+what only the parts can say and creates the run folder last, so a refused run leaves no folder.
+The phases, in order: reuse another run's warm start (`rl.warm_start.from_run`) -> evaluate the
+base model on the held-out split (`eval_before.json`) -> optional supervised warm start on oracle
+traces (`sft_model/`) -> resume (the trainer and the RL loop, from the newest checkpoint on
+`--resume`) -> evaluate the warm start (`eval_after_sft.json`) -> RL steps (`metrics.jsonl`,
+checkpoints) -> evaluate again (`eval_after.json`) -> export the final model (`final_model/`),
+then plots and `summary.json`. Evaluations use `rl.eval.temperature` (0 = greedy) and one sample
+per held-out instance. `--resume RUN_DIR` skips what is already on disk.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conveyor.app.compose import Composition, make_run_dir
+from conveyor.app.compose import Composition, check_run_dir, make_run_dir
 from conveyor.app.reports import eval_report, paired_comparison, wilson_interval
 from conveyor.config import (
     ConfigError,
@@ -32,7 +37,7 @@ from conveyor.config import (
     config_to_yaml,
 )
 from conveyor.dispatch.stages import RolloutStages
-from conveyor.trainer.loop import StepRecord
+from conveyor.trainer.loop import RLLoop, StepRecord
 from conveyor.types import Status, Task, TrainingSample, Trajectory
 
 Say = Callable[[str], None]
@@ -47,15 +52,15 @@ async def evaluate(
     """One rollout per task through the dispatcher; the report of `eval_report`.
 
     With `trajectories_file`, every rollout is also written there (JSONL) for inspection. With
-    `rl.eval_stop_halfwidth` set, the evaluation stops once the instances finished in task order
+    `rl.eval.stop_halfwidth` set, the evaluation stops once the instances finished in task order
     (a prefix of `tasks`, so the sample does not favour quick rollouts) number at least
-    `rl.eval_min_tasks` and their pass rate's 95% Wilson interval is at most that half-width
+    `rl.eval.min_tasks` and their pass rate's 95% Wilson interval is at most that half-width
     wide; the report then covers that prefix and says so under `stopped_early`.
     """
     start = time.monotonic()
     dispatcher = parts.dispatcher(stages)
-    target = parts.config.rl.eval_stop_halfwidth
-    least = max(1, parts.config.rl.eval_min_tasks)
+    target = parts.config.rl.eval.stop_halfwidth
+    least = max(1, parts.config.rl.eval.min_tasks)
     order = {task.id: i for i, task in enumerate(tasks)}
     finished: list[Trajectory | None] = [None] * len(tasks)
     prefix = solved = scored = 0  # the finished prefix, its solved and scored rollouts
@@ -124,7 +129,7 @@ async def warm_start_samples(parts: Composition) -> tuple[list[TrainingSample], 
     from conveyor.trainer.sft import OracleEngine, oracle_rollouts
 
     config, tokenizer = parts.config, parts.tokenizer
-    tasks = parts.tasks(config.rl.sft_tasks, "train")
+    tasks = parts.tasks(config.rl.warm_start.tasks, "train")
     # A family with demonstrations (the format, not the plan) is imitated through them, solved
     # or not; every other family through its oracle, whose traces must solve their task.
     demonstrated = {
@@ -158,12 +163,12 @@ async def warm_start_samples(parts: Composition) -> tuple[list[TrainingSample], 
 
 def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
     """The trainer's settings for the warm start: its learning rate, the blocks it trains
-    (`rl.sft_train_last_layers`; `all` is full fine-tuning, without LoRA adapters), and no
-    truncated importance sampling (its samples are the demonstrations, not the engine's)."""
-    train = config.rl
-    last = train.sft_train_last_layers
+    (`rl.warm_start.train_last_layers`; `all` is full fine-tuning, without LoRA adapters), and
+    no truncated importance sampling (its samples are the demonstrations, not the engine's)."""
+    settings = config.rl.warm_start
+    last = settings.train_last_layers
     update: dict[str, Any] = {
-        "lr": train.sft_lr,
+        "lr": settings.lr,
         "loss": config.trainer.loss.model_copy(update={"tis": False}),
     }
     if last == "all":
@@ -176,23 +181,17 @@ def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
 
 
 # What a warm start and the evaluations around it are made of; a run that reuses another's warm
-# start must agree on all of it. RL-phase settings (trainer.lr, the loss, rl.steps, rl.mode,
-# rl.reward_control, tasks.num_tasks, tasks.group_size, the engine...) may differ: those are arms.
-_WARM_START_RL_KEYS = (
-    "sft_steps",
-    "sft_tasks",
-    "sft_batch_size",
-    "sft_lr",
-    "sft_train_last_layers",
-    "eval_tasks",
-    "eval_before_tasks",
-    "eval_temperature",
-    "eval_stop_halfwidth",
-    "eval_min_tasks",
-)
+# start must agree on all of it: the warm start's own section (less where it comes from) and the
+# held-out evaluations' sizes, temperature and early stop. RL-phase settings (trainer.lr, the loss,
+# rl.steps, rl.mode, rl.controls, tasks.num_tasks, tasks.group_size, the engine...) may differ:
+# those are arms.
+_WARM_START_RL_KEYS = {
+    "warm_start": ("steps", "tasks", "batch_size", "lr", "train_last_layers"),
+    "eval": ("tasks", "before_tasks", "temperature", "stop_halfwidth", "min_tasks"),
+}
 # Trainer settings that change how a step is computed, not what it computes.
 _TRAINER_MECHANICS = {"backend", "device", "fsdp", "gradient_checkpointing", "micro_batch_tokens"}
-# Files of a run's warm start and its evaluations, copied by `rl.warm_start_from`.
+# Files of a run's warm start and its evaluations, copied by `rl.warm_start.from_run`.
 _WARM_START_FILES = (
     "eval_before.json",
     "eval_before.trajectories.jsonl",
@@ -215,8 +214,11 @@ def warm_start_identity(config: ConveyorConfig) -> dict[str, Any]:
             "tasks": tasks,
             "plugins": config.plugins,
             "sampling": {"sampling_seed": config.sampling.sampling_seed},
-            "rl": {key: getattr(config.rl, key) for key in _WARM_START_RL_KEYS},
-            # the warm start's trainer: trainer.* with rl.sft_lr / rl.sft_train_last_layers in
+            "rl": {
+                section: {key: getattr(getattr(config.rl, section), key) for key in keys}
+                for section, keys in _WARM_START_RL_KEYS.items()
+            },
+            # the warm start's trainer: trainer.* with rl.warm_start.lr / .train_last_layers in
             "trainer": trainer,
         }
     )
@@ -232,16 +234,20 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def warm_start_source(config: ConveyorConfig) -> Path | None:
-    """`rl.warm_start_from`, checked: a finished warm start made with this run's settings."""
+def warm_start_source(config: ConveyorConfig, resume: Path | None = None) -> Path | None:
+    """`rl.warm_start.from_run`, checked: a finished warm start made with this run's settings,
+    in another folder than this run's own (`resume`, else `run.dir`)."""
     from conveyor.config import load_config
 
-    if config.rl.warm_start_from is None:
+    if config.rl.warm_start.from_run is None:
         return None
-    source = Path(config.rl.warm_start_from).expanduser().resolve()
-    key = "rl.warm_start_from"
-    if not config.rl.sft_steps:
-        raise ConfigError(f"{key} with rl.sft_steps=0: there is no warm start to reuse")
+    source = Path(config.rl.warm_start.from_run).expanduser().resolve()
+    key = "rl.warm_start.from_run"
+    if not config.rl.warm_start.steps:
+        raise ConfigError(f"{key} with rl.warm_start.steps=0: there is no warm start to reuse")
+    own = resume if resume is not None else config.run.dir
+    if own is not None and source == Path(own).expanduser().resolve():
+        raise ConfigError(f"{key}={source} is this run's own folder")
     if not (source / "config.yaml").is_file():
         raise ConfigError(f"{key}={source} is not a training run folder (no config.yaml)")
     if not (source / "sft_model").is_dir():
@@ -261,12 +267,10 @@ def warm_start_source(config: ConveyorConfig) -> Path | None:
 
 
 def adopt_warm_start(source: Path | None, run_dir: Path, say: Say) -> None:
-    """`rl.warm_start_from`: copy the warm start and evaluations of `source` (as checked by
-    `warm_start_source`) into `run_dir`, what `run_dir` lacks; nothing when None."""
+    """`rl.warm_start.from_run`: copy the warm start and evaluations of `source` (as checked
+    by `warm_start_source`) into `run_dir`, what `run_dir` lacks; nothing when None."""
     if source is None:
         return
-    if source == run_dir.resolve():
-        raise ConfigError(f"rl.warm_start_from={source} is this run's own folder")
     copied = []
     if not (run_dir / "sft_model").is_dir():
         tmp = run_dir / ".tmp-sft_model"
@@ -291,15 +295,15 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     from conveyor.trainer.jsonl import append_records
 
     config, model_dir = parts.config, parts.model_dir
-    train = config.rl
+    settings = config.rl.warm_start
     samples, said = await warm_start_samples(parts)
     say(said)
     backend = parts.trainer(model_dir, warm_start_settings(config))
-    size = train.sft_batch_size
+    size = settings.batch_size
     log = run_dir / "sft_metrics.jsonl"
     # A warm start killed before its `sft_model` was published runs again from its first step.
     log.unlink(missing_ok=True)
-    for step in range(train.sft_steps):
+    for step in range(settings.steps):
         start = (step * size) % len(samples)
         chunk = [samples[(start + i) % len(samples)] for i in range(min(size, len(samples)))]
         # Advantage 1 and fresh old logprobs: the PPO gradient is exactly the NLL gradient.
@@ -308,7 +312,7 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
         say(
             # Oracle traces carry no behaviour logprobs (0.0): the agreement probe's mean
             # |trainer logprob - 0| is then the mean NLL of the oracle tokens.
-            f"warm start step {step + 1}/{train.sft_steps}: nll {result.logprob_diff_mean:.3f}, "
+            f"warm start step {step + 1}/{settings.steps}: nll {result.logprob_diff_mean:.3f}, "
             f"{result.tokens_per_s:.0f} tok/s"
         )
     exported = export_model(backend.export_weights(), model_dir, run_dir / "sft_model")
@@ -319,187 +323,328 @@ async def warm_start(parts: Composition, run_dir: Path, say: Say) -> Path:
     return exported
 
 
-async def run_training(
-    resolved: ResolvedConfig, *, resume: Path | None = None, say: Say = print
-) -> Path:
-    """The whole training job; returns the run folder."""
-    from conveyor.engines.base import RequestCounters, TrainableCheck, WeightFolder
-    from conveyor.engines.router import RoutedEngine
-    from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What a training run will do, decided from its config and resume folder alone.
+
+    `check_plan` makes it and refuses what the config and the folders already say cannot work;
+    `open_run` refuses what only the parts can say (the cluster, the engine) and creates the run
+    folder as its last act. So no refusal leaves a run folder behind, and the phases after it
+    only read their decisions from here.
+    """
+
+    config: ConveyorConfig
+    resume: Path | None  # the run folder `--resume` continues
+    reused: Path | None  # `rl.warm_start.from_run`, checked: a warm start this run could have made
+    eval_tasks: int  # held-out instances per family after the warm start and after RL; 0: none
+    before_tasks: int  # the first of them the base model is evaluated on; 0: none
+
+    @property
+    def training(self) -> bool:
+        """Whether anything trains (RL steps or a warm start): the engine must then take
+        weights and the backend must be able to train here."""
+        rl = self.config.rl
+        return bool(rl.steps or rl.warm_start.steps)
+
+
+def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> TrainingPlan:
+    """The run's plan, or the refusal of a config that cannot train, before any part starts."""
+    from conveyor.registry import BACKENDS
     from conveyor.trainer.faults import armed
-    from conveyor.trainer.loop import RLLoop
-    from conveyor.trainer.report import plot_metrics
-    from conveyor.trainer.resume import prepare_resume
-    from conveyor.trainer.weight_sync import checked_sync, probe_ids
 
     config = resolved.config
-    train = config.rl
+    rl = config.rl
     armed()  # a malformed fault-injection setting fails here, not at its kill point
     if resume is not None and not (resume / "config.yaml").is_file():
         raise FileNotFoundError(f"{resume} is not a training run folder (no config.yaml)")
-    if train.steps and config.sampling.top_p < 1:
+    if resume is None:
+        check_run_dir(config)
+    if rl.steps and config.sampling.top_p < 1:
         # vLLM's processed logprobs are taken after the nucleus cut; the trainer's are not.
         raise ConfigError(
             f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
-    if train.sft_steps and config.trainer.backend not in ("builtin", "ray_fsdp"):
+    if rl.warm_start.steps and config.trainer.backend not in ("builtin", "ray_fsdp"):
         # The warm start hands RL an exported model folder; a service keeps its weights.
         raise ConfigError(
-            f"rl.sft_steps={train.sft_steps} with trainer.backend {config.trainer.backend!r}: "
-            "the warm start exports a model folder, which only the builtin and ray_fsdp "
-            "backends do; set "
-            "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
-            "at its sft_model/"
+            f"rl.warm_start.steps={rl.warm_start.steps} with trainer.backend "
+            f"{config.trainer.backend!r}: the warm start exports a model folder, which only the "
+            "builtin and ray_fsdp backends do; set rl.warm_start.steps=0, or warm-start with "
+            "trainer.backend builtin and point model.path at its sft_model/"
         )
-    reused = warm_start_source(config)  # checked before the engine's minute
+    # The base model's evaluation may be shorter: the first instances of the held-out ones (a
+    # larger n extends a smaller one), or none.
+    held_out = rl.eval.tasks
+    before = held_out if rl.eval.before_tasks is None else rl.eval.before_tasks
+    plan = TrainingPlan(
+        config=config,
+        resume=resume,
+        reused=warm_start_source(config, resume),  # checked before the engine's minute
+        eval_tasks=held_out,
+        before_tasks=min(before, held_out) if before and held_out else 0,
+    )
+    if plan.training and not (info := BACKENDS.get(config.trainer.backend).info()).train:
+        raise ConfigError(
+            f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
+            "(`conveyor backends` lists what can)"
+        )
+    return plan
+
+
+@dataclass
+class Run:
+    """A training run under way: its plan, parts and folder, and what the phases hand on."""
+
+    plan: TrainingPlan
+    parts: Composition
+    dir: Path
+    say: Say
+    train_tasks: list[Task]
+    eval_tasks: list[Task]
+    before_tasks: list[Task]
+    eval_stages: RolloutStages
+    started: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+async def open_run(plan: TrainingPlan, say: Say) -> Run:
+    """Start the parts and refuse what only they can say (`check_parts`, too few training
+    tasks); then, last, create the run folder (or take the resumed one)."""
+    from conveyor.engines.base import WeightFolder
+
+    config = plan.config
     started = time.monotonic()
     parts = Composition(config)
-    training = bool(train.steps or train.sft_steps)
     try:
-        spec = parts.backend_spec
-        if training and not (info := spec.info()).train:
+        await check_parts(plan, parts)
+        engine_start_s = time.monotonic() - started
+        train_tasks = parts.tasks(config.tasks.num_tasks, "train")
+        if config.rl.steps and config.rl.tasks_per_step > len(train_tasks):
             raise ConfigError(
-                f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
-                "(`conveyor backends` lists what can)"
+                f"rl.tasks_per_step={config.rl.tasks_per_step}, but tasks.num_tasks="
+                f"{config.tasks.num_tasks} gives only {len(train_tasks)} training tasks"
             )
-        # A cluster that cannot host the run says so before the engine takes its minute.
-        parts.start_cluster()
-        client = parts.engine
-        refusal = spec.refusal(config, client) if training else None
-        if refusal is not None:
-            # Refused in the first seconds: before the tokenizer, the run folder and any
-            # evaluation, since RL needs an engine the backend can sync into and check.
-            raise ConfigError(refusal)
-        await parts.checked_engine()
-        if training and isinstance(client, TrainableCheck):
-            # A server: does it take weights (dev-mode reload endpoints, token ids)?
-            await client.check_trainable()
-        if resume is not None:
-            run_dir = resume
+        eval_tasks = parts.tasks(plan.eval_tasks, "eval") if plan.eval_tasks else []
+        before_tasks = parts.tasks(plan.before_tasks, "eval") if plan.before_tasks else []
+        if plan.resume is not None:
+            run_dir = plan.resume
         else:
             run_dir = make_run_dir(config, "train")
             (run_dir / "config.yaml").write_text(config_to_yaml(config))
-        if isinstance(client, WeightFolder):
+        if isinstance(client := parts.engine, WeightFolder):
             client.use_weights_dir(run_dir / "weights")
-        model_dir, tokenizer = parts.model_dir, parts.tokenizer
+        eval_sampling = SamplingConfig(
+            temperature=config.rl.eval.temperature,
+            top_p=1.0,
+            sampling_seed=config.sampling.sampling_seed,
+        )
+        eval_stages = parts.stages(eval_sampling)
     except BaseException:
         await parts.close()
         raise
-    timings: dict[str, float] = {"engine_start_s": time.monotonic() - started}
-    share: dict[str, Any] | None = None  # RL's own share, when a warm start was evaluated
-    eval_sampling = SamplingConfig(
-        temperature=train.eval_temperature, top_p=1.0, sampling_seed=config.sampling.sampling_seed
+    return Run(
+        plan=plan,
+        parts=parts,
+        dir=run_dir,
+        say=say,
+        train_tasks=train_tasks,
+        eval_tasks=eval_tasks,
+        before_tasks=before_tasks,
+        eval_stages=eval_stages,
+        started=started,
+        timings={"engine_start_s": engine_start_s},
     )
-    eval_stages = parts.stages(eval_sampling)
-    eval_tasks = parts.tasks(train.eval_tasks, "eval") if train.eval_tasks else []
-    # The base model's evaluation may be shorter: its first instances (a larger n extends a
-    # smaller one), or none.
-    before = train.eval_tasks if train.eval_before_tasks is None else train.eval_before_tasks
-    before_tasks = (
-        parts.tasks(min(before, train.eval_tasks), "eval") if before and eval_tasks else []
+
+
+async def check_parts(plan: TrainingPlan, parts: Composition) -> None:
+    """The refusals only the parts can give: a cluster that cannot host the run, an engine the
+    backend cannot sync into, a server that does not serve the model or takes no weights, a
+    model folder without a tokenizer."""
+    from conveyor.engines.base import TrainableCheck
+
+    # A cluster that cannot host the run says so before the engine takes its minute.
+    parts.start_cluster()
+    client = parts.engine
+    refusal = parts.backend_spec.refusal(plan.config, client) if plan.training else None
+    if refusal is not None:
+        # Refused in the first seconds: before the tokenizer, the run folder and any
+        # evaluation, since RL needs an engine the backend can sync into and check.
+        raise ConfigError(refusal)
+    await parts.checked_engine()
+    if plan.training and isinstance(client, TrainableCheck):
+        # A server: does it take weights (dev-mode reload endpoints, token ids)?
+        await client.check_trainable()
+    _ = parts.tokenizer
+
+
+async def held_out(run: Run, tasks: Sequence[Task], name: str, label: str) -> dict[str, Any]:
+    """One held-out evaluation, written as `<name>.json` with its trajectories, and said."""
+    report = await evaluate(
+        run.parts, run.eval_stages, tasks, run.dir / f"{name}.trajectories.jsonl"
     )
-    try:
-        adopt_warm_start(reused, run_dir, say)
-        if before_tasks and not (run_dir / "eval_before.json").is_file():
-            report = await evaluate(
-                parts, eval_stages, before_tasks, run_dir / "eval_before.trajectories.jsonl"
-            )
-            _write(run_dir / "eval_before.json", report)
-            say(f"before: pass rate {report['pass_rate']:.3f} (n={report['n']})")
-        start_dir = model_dir
-        if train.sft_steps:
-            if not (run_dir / "sft_model").is_dir():
-                t0 = time.monotonic()
-                await warm_start(parts, run_dir, say)
-                timings["sft_s"] = time.monotonic() - t0
-            start_dir = run_dir / "sft_model"
-        backend = parts.trainer(start_dir)
-        # Every sync, the first one after a warm start or resume included, is checked by the
-        # weight fingerprint: a sync that did not take stops the run (WeightSyncError).
-        sync = (
-            checked_sync(
-                client,
-                backend,
-                probe_ids(tokenizer),
-                tolerance=config.engine.weight_probe_tolerance,
-            )
-            if training
-            else _no_weight_sync
-        )
-        loop = RLLoop(
-            config,
-            parts.stages(),
-            backend,
-            sync,
-            parts.tasks(config.tasks.num_tasks, "train"),
-            run_dir,
-            engine_probe=client,
-            on_step=lambda r: say(_step_line(r, train.steps)),
-        )
-        checkpoint = latest_checkpoint(run_dir) if resume is not None else None
-        if checkpoint is not None:
-            loop.restore(load_checkpoint(checkpoint, backend))
-        if resume is not None:
-            # Also without a checkpoint: a run killed in its first step starts over from 0.
-            resumed = prepare_resume(run_dir, loop.step)
-            loop.resume_metrics = resumed.metrics()
-            origin = checkpoint.name if checkpoint is not None else "the start (no checkpoint)"
-            say(
-                f"resumed from {origin}: step {loop.step}, cursor {loop.stream.cursor}; "
-                f"{resumed.describe()}"
-            )
-        if checkpoint is not None or start_dir != model_dir:
-            # The engine serves the checkpoint's (or warm start's) weights before any rollout.
-            await sync(0)
-        if eval_tasks and train.sft_steps and not (run_dir / "eval_after_sft.json").is_file():
-            report = await evaluate(
-                parts, eval_stages, eval_tasks, run_dir / "eval_after_sft.trajectories.jsonl"
-            )
-            _write(run_dir / "eval_after_sft.json", report)
-            say(f"after warm start: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+    _write(run.dir / f"{name}.json", report)
+    run.say(f"{label}: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+    return report
+
+
+async def evaluate_before(run: Run) -> None:
+    """The base model on the first held-out instances, unless already on disk (a resumed run,
+    or one that reused another's warm start and its evaluations)."""
+    if run.before_tasks and not (run.dir / "eval_before.json").is_file():
+        await held_out(run, run.before_tasks, "eval_before", "before")
+
+
+async def warm_start_phase(run: Run) -> Path:
+    """The model folder RL starts from: the base model, or the warm start (`sft_model/`),
+    trained here unless it is already on disk (resumed, or reused)."""
+    if not run.plan.config.rl.warm_start.steps:
+        return run.parts.model_dir
+    if not (run.dir / "sft_model").is_dir():
         t0 = time.monotonic()
-        records: list[StepRecord] = await loop.run()
-        timings["rl_s"] = time.monotonic() - t0
-        if eval_tasks:
-            report = await evaluate(
-                parts, eval_stages, eval_tasks, run_dir / "eval_after.trajectories.jsonl"
-            )
-            _write(run_dir / "eval_after.json", report)
-            say(f"after: pass rate {report['pass_rate']:.3f} (n={report['n']})")
-            if (run_dir / "eval_after_sft.json").is_file() and records:
-                # RL's own share: the same held-out instances after the warm start and after RL.
-                share = paired_comparison(
-                    json.loads((run_dir / "eval_after_sft.json").read_text()), report
-                )
-                low, high = share["ci95"]
-                say(
-                    f"RL's own share: {100 * share['delta']:+.1f} points "
-                    f"[{100 * low:+.1f}, {100 * high:+.1f}] (95%, paired, n={share['n']}); "
-                    f"{share['gained']} instances gained, {share['lost']} lost, "
-                    f"McNemar p={share['mcnemar_p']:.3g}"
-                )
-        if train.export_final:
-            try:
-                export_model(backend.export_weights(), start_dir, run_dir / "final_model")
-            except NotImplementedError as exc:  # weights that live in a service (Tinker)
-                say(f"no final_model/ folder: {exc}; the last checkpoint names them")
-    finally:
-        await parts.close()
-    plot_metrics(run_dir)
-    timings["wall_s"] = time.monotonic() - started
-    summary: dict[str, Any] = {"timings": timings, "steps": len(records)}
+        await warm_start(run.parts, run.dir, run.say)
+        run.timings["sft_s"] = time.monotonic() - t0
+    return run.dir / "sft_model"
+
+
+async def resume_phase(run: Run, start_dir: Path) -> RLLoop:
+    """The trainer on `start_dir` and the RL loop, continued from the newest checkpoint on
+    `--resume`; the engine then serves the weights RL starts from."""
+    from conveyor.trainer.checkpoint import latest_checkpoint, load_checkpoint
+    from conveyor.trainer.resume import prepare_resume
+    from conveyor.trainer.weight_sync import checked_sync, probe_ids
+
+    config, parts, resume = run.plan.config, run.parts, run.plan.resume
+    client = parts.engine
+    backend = parts.trainer(start_dir)
+    # Every sync, the first one after a warm start or resume included, is checked by the
+    # weight fingerprint: a sync that did not take stops the run (WeightSyncError).
+    sync = (
+        checked_sync(
+            client,
+            backend,
+            probe_ids(parts.tokenizer),
+            tolerance=config.engine.weight_probe_tolerance,
+        )
+        if run.plan.training
+        else _no_weight_sync
+    )
+    loop = RLLoop(
+        config,
+        parts.stages(),
+        backend,
+        sync,
+        run.train_tasks,
+        run.dir,
+        engine_probe=client,
+        on_step=lambda r: run.say(_step_line(r, config.rl.steps)),
+    )
+    checkpoint = latest_checkpoint(run.dir) if resume is not None else None
+    if checkpoint is not None:
+        loop.restore(load_checkpoint(checkpoint, backend))
+    if resume is not None:
+        # Also without a checkpoint: a run killed in its first step starts over from 0.
+        resumed = prepare_resume(run.dir, loop.step)
+        loop.resume_metrics = resumed.metrics()
+        origin = checkpoint.name if checkpoint is not None else "the start (no checkpoint)"
+        run.say(
+            f"resumed from {origin}: step {loop.step}, cursor {loop.stream.cursor}; "
+            f"{resumed.describe()}"
+        )
+    if checkpoint is not None or start_dir != parts.model_dir:
+        # The engine serves the checkpoint's (or warm start's) weights before any rollout.
+        await sync(0)
+    return loop
+
+
+async def evaluate_warm_start(run: Run) -> None:
+    """The warm start on every held-out instance (`eval_after_sft.json`), the baseline of RL's
+    own share, unless already on disk."""
+    done = (run.dir / "eval_after_sft.json").is_file()
+    if run.eval_tasks and run.plan.config.rl.warm_start.steps and not done:
+        await held_out(run, run.eval_tasks, "eval_after_sft", "after warm start")
+
+
+async def rl_phase(run: Run, loop: RLLoop) -> list[StepRecord]:
+    """The RL steps (from the resumed one); their records."""
+    t0 = time.monotonic()
+    records: list[StepRecord] = await loop.run()
+    run.timings["rl_s"] = time.monotonic() - t0
+    return records
+
+
+async def evaluate_after(run: Run, records: Sequence[StepRecord]) -> dict[str, Any] | None:
+    """The trained model on the held-out instances; RL's own share (the same instances after
+    the warm start and after RL, paired) when a warm start was evaluated and RL ran."""
+    if not run.eval_tasks:
+        return None
+    report = await held_out(run, run.eval_tasks, "eval_after", "after")
+    after_sft = run.dir / "eval_after_sft.json"
+    if not (after_sft.is_file() and records):
+        return None
+    share = paired_comparison(json.loads(after_sft.read_text()), report)
+    low, high = share["ci95"]
+    run.say(
+        f"RL's own share: {100 * share['delta']:+.1f} points "
+        f"[{100 * low:+.1f}, {100 * high:+.1f}] (95%, paired, n={share['n']}); "
+        f"{share['gained']} instances gained, {share['lost']} lost, "
+        f"McNemar p={share['mcnemar_p']:.3g}"
+    )
+    return share
+
+
+def export_phase(run: Run, loop: RLLoop, start_dir: Path) -> None:
+    """The final model as a HF folder (`final_model/`), when `rl.export_final`."""
+    if not run.plan.config.rl.export_final:
+        return
+    try:
+        export_model(loop.backend.export_weights(), start_dir, run.dir / "final_model")
+    except NotImplementedError as exc:  # weights that live in a service (Tinker)
+        run.say(f"no final_model/ folder: {exc}; the last checkpoint names them")
+
+
+def write_summary(run: Run, records: Sequence[StepRecord], share: dict[str, Any] | None) -> None:
+    """The metric plots and `summary.json`: timings, steps, RL's share, runtime starts and
+    where the engine's requests went."""
+    from conveyor.engines.base import RequestCounters
+    from conveyor.engines.router import RoutedEngine
+    from conveyor.trainer.report import plot_metrics
+
+    plot_metrics(run.dir)
+    run.timings["wall_s"] = time.monotonic() - run.started
+    summary: dict[str, Any] = {"timings": run.timings, "steps": len(records)}
     if share is not None:
         summary["rl_share"] = share
     # sandbox starts: how many, how long the start limits held them, warm pool hits
-    summary["runtime_starts"] = parts.runtime_starts.report()
+    summary["runtime_starts"] = run.parts.runtime_starts.report()
+    client = run.parts.engine
     if isinstance(client, RequestCounters):
         summary["engine_requests"] = client.request_counters()
     if isinstance(client, RoutedEngine):
         # requests, sessions and moved sessions per replica: where the load went
         summary["engine_replicas"] = client.routing_summary()
-    _write(run_dir / "summary.json", summary)
-    return run_dir
+    _write(run.dir / "summary.json", summary)
+
+
+async def run_training(
+    resolved: ResolvedConfig, *, resume: Path | None = None, say: Say = print
+) -> Path:
+    """The whole training job, as its checked plan's phases in order; returns the run folder."""
+    plan = check_plan(resolved, resume)
+    run = await open_run(plan, say)
+    try:
+        adopt_warm_start(plan.reused, run.dir, say)
+        await evaluate_before(run)
+        start_dir = await warm_start_phase(run)
+        loop = await resume_phase(run, start_dir)
+        await evaluate_warm_start(run)
+        records = await rl_phase(run, loop)
+        share = await evaluate_after(run, records)
+        export_phase(run, loop, start_dir)
+    finally:
+        await run.parts.close()
+    write_summary(run, records, share)
+    return run.dir
 
 
 async def _no_weight_sync(step: int = 0) -> float:

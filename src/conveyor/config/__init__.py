@@ -21,16 +21,32 @@ from conveyor.config.sections import (
     SamplingConfig,
     TasksConfig,
 )
-from conveyor.config.training import LoraConfig, LossConfig, RLConfig, TrainerConfig
+from conveyor.config.training import (
+    CheckpointsConfig,
+    ControlsConfig,
+    EvalConfig,
+    GroupsConfig,
+    LoggingConfig,
+    LoraConfig,
+    LossConfig,
+    RLConfig,
+    TrainerConfig,
+    WarmStartConfig,
+)
 
 __all__ = [
     "AgentConfig",
+    "CheckpointsConfig",
     "ClusterConfig",
     "ConfigError",
+    "ControlsConfig",
     "ConveyorConfig",
     "DispatchConfig",
     "EngineConfig",
+    "EvalConfig",
+    "GroupsConfig",
     "HintsConfig",
+    "LoggingConfig",
     "LoraConfig",
     "LossConfig",
     "ModelConfig",
@@ -41,6 +57,7 @@ __all__ = [
     "SamplingConfig",
     "TasksConfig",
     "TrainerConfig",
+    "WarmStartConfig",
     "config_to_yaml",
     "format_config",
     "load_config",

@@ -81,6 +81,30 @@ RENAMED: dict[str, str] = {
     "trainer.lora.lora_alpha": "trainer.lora.alpha",
     "trainer.lora.lora_dropout": "trainer.lora.dropout",
     "trainer.lora.lora_target_modules": "trainer.lora.target_modules",
+    # `rl` became one section per concept (issue 29): its flat keys name their new home.
+    "rl.sft_steps": "rl.warm_start.steps",
+    "rl.sft_tasks": "rl.warm_start.tasks",
+    "rl.sft_batch_size": "rl.warm_start.batch_size",
+    "rl.sft_lr": "rl.warm_start.lr",
+    "rl.sft_train_last_layers": "rl.warm_start.train_last_layers",
+    "rl.warm_start_from": "rl.warm_start.from_run",
+    "rl.eval_tasks": "rl.eval.tasks",
+    "rl.eval_before_tasks": "rl.eval.before_tasks",
+    "rl.eval_every": "rl.eval.every",
+    "rl.eval_stop_halfwidth": "rl.eval.stop_halfwidth",
+    "rl.eval_min_tasks": "rl.eval.min_tasks",
+    "rl.eval_temperature": "rl.eval.temperature",
+    "rl.truncated": "rl.groups.truncated",
+    "rl.incomplete_group": "rl.groups.incomplete",
+    "rl.max_refills": "rl.groups.max_refills",
+    "rl.refill_fallback": "rl.groups.refill_fallback",
+    "rl.min_partial_size": "rl.groups.min_partial_size",
+    "rl.filter_zero_variance_groups": "rl.groups.filter_zero_variance",
+    "rl.reward_control": "rl.controls.reward",
+    "rl.tensorboard": "rl.logging.tensorboard",
+    "rl.wandb": "rl.logging.wandb",
+    "rl.checkpoint_every": "rl.checkpoints.every",
+    "rl.keep_checkpoints": "rl.checkpoints.keep",
 }
 
 
@@ -91,9 +115,12 @@ ALIASES: dict[str, str] = {"trainer.train_seed": "trainer.seed"}
 
 def _suggest(key: str) -> str | None:
     """The valid key nearest to an unknown dotted key, if any is near enough."""
-    for old, new in RENAMED.items():
-        if key == old or key.startswith(f"{old}."):
-            return new + key[len(old) :]
+    renamed = key
+    for old, new in RENAMED.items():  # in order, so `train.sft_steps` follows both renames
+        if renamed == old or renamed.startswith(f"{old}."):
+            renamed = new + renamed[len(old) :]
+    if renamed != key:
+        return renamed
     name = key.rsplit(".", 1)[-1]
     # A right name in the wrong section: every section that has it (`dtype`: engine and trainer).
     homes = [valid for valid in [*_LEAVES, *_SECTIONS] if valid.rsplit(".", 1)[-1] == name]

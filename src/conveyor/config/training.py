@@ -132,8 +132,119 @@ class TrainerConfig(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
 
 
+class WarmStartConfig(Section):
+    """The supervised warm start on oracle traces (or a family's demonstrations) before RL."""
+
+    steps: int = Field(
+        default=0, ge=0, description="Supervised warm-start updates on oracle traces first."
+    )
+    tasks: int = Field(default=64, gt=0, description="Oracle traces per family for the warm start.")
+    batch_size: int = Field(default=16, gt=0, description="Oracle traces per warm-start update.")
+    lr: float = Field(default=1e-4, ge=0, description="Learning rate of the warm start.")
+    train_last_layers: Annotated[int, Field(ge=1)] | Literal["all"] | None = Field(
+        default=None,
+        description="Decoder blocks the warm start trains, from the top: N, or 'all' (full "
+        "fine-tuning, also when trainer.lora.enabled: LoRA then applies to RL only); null: "
+        "what trainer.train_last_layers (and trainer.lora) say. A warm start must teach the "
+        "plan, not only the format: on the 135M model the top 4 blocks learned the tool "
+        "format but answered without reading (docs/algorithms.md).",
+    )
+    from_run: str | None = Field(
+        default=None,
+        description="A training run folder whose warm start this run reuses instead of training "
+        "its own: its sft_model/, eval_before.json and eval_after_sft.json (with their "
+        "trajectories) are copied in, so RL arms (trainer.lr=0, rl.controls.reward=shuffle, "
+        "async, another RL setting) start from one warm start and are paired on it. Refused, "
+        "naming the keys, when a setting the warm start or its evaluations depend on differs "
+        "(model, tasks, agent, tools, rl.eval sizes, the warm start's own rl.warm_start.* and "
+        "trainer settings, trainer.seed). null: train the warm start here.",
+    )
+
+
+class EvalConfig(Section):
+    """The held-out evaluations around training (before, after the warm start, after RL)."""
+
+    tasks: int = Field(
+        default=0, ge=0, description="Held-out instances per family, evaluated before and after."
+    )
+    before_tasks: int | None = Field(
+        default=None,
+        ge=0,
+        description="Held-out instances per family for the base model's evaluation (the first "
+        "of the rl.eval.tasks); null: all rl.eval.tasks; 0: none.",
+    )
+    every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
+    stop_halfwidth: float = Field(
+        default=0.0,
+        ge=0,
+        lt=0.5,
+        description="Stop a held-out evaluation early once the 95% Wilson interval of the "
+        "instances finished in task order is at most this half-width (e.g. 0.05); 0: evaluate "
+        "every instance. Paired comparisons then use the instances both evaluations scored.",
+    )
+    min_tasks: int = Field(
+        default=50, ge=1, description="rl.eval.stop_halfwidth: never stop before this many."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of evaluations (0 = greedy)."
+    )
+
+
+class GroupsConfig(Section):
+    """What a step's groups become before advantages: truncated and incomplete groups."""
+
+    truncated: Literal["score", "mask"] = Field(
+        default="score", description="Truncated trajectories: trained with their score, or masked."
+    )
+    incomplete: Literal["refill", "train_partial", "drop"] = Field(
+        default="train_partial",
+        description="Groups still missing samples after infra retries: 'refill' re-runs each "
+        "missing sample (fresh runtime, same task) up to max_refills rounds, then applies "
+        "refill_fallback; 'train_partial' trains the scored ones (at least min_partial_size); "
+        "'drop' drops the group.",
+    )
+    max_refills: int = Field(
+        default=1, ge=0, description="incomplete=refill: refill rounds per step."
+    )
+    refill_fallback: Literal["train_partial", "drop"] = Field(
+        default="train_partial",
+        description="incomplete=refill: the rule for groups still short after refilling.",
+    )
+    min_partial_size: int = Field(default=2, ge=1, description="Smallest partial group trained.")
+    filter_zero_variance: bool = Field(
+        default=False, description="Drop groups whose rewards are all equal (always counted)."
+    )
+
+
+class ControlsConfig(Section):
+    """Control arms: the same code path with the learning signal taken away."""
+
+    reward: Literal["none", "shuffle"] = Field(
+        default="none",
+        description="'shuffle' permutes the rewards among the step's scored rollouts (seeded "
+        "by trainer.seed and the step) before statuses and advantages, so the update sees "
+        "random rewards through the same code path; rollouts.jsonl and the metrics keep the "
+        "true rewards. Pair with trainer.lr=0 for the other control.",
+    )
+
+
+class LoggingConfig(Section):
+    """Where metrics go besides metrics.jsonl."""
+
+    tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
+    wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
+
+
+class CheckpointsConfig(Section):
+    """Training checkpoints, what `--resume` continues from."""
+
+    every: int = Field(default=1, ge=0, description="Checkpoint every N steps; 0: off.")
+    keep: int = Field(default=2, gt=0, description="Newest checkpoints kept.")
+
+
 class RLConfig(Section):
-    """The RL loop: steps, data, sync/async, statuses, evaluation, checkpoints, warm start."""
+    """The RL loop: steps, data, sync/async and advantages here; one section per other concept
+    (warm start, evaluations, groups, controls, logging, checkpoints)."""
 
     steps: int = Field(default=10, ge=0, description="RL updates to make.")
     tasks_per_step: int = Field(
@@ -156,84 +267,16 @@ class RLConfig(Section):
         "reinforce_pp, or one registered by a plugin).",
     )
     scale_by_std: bool = Field(default=True, description="GRPO: divide by the group's std.")
-    truncated: Literal["score", "mask"] = Field(
-        default="score", description="Truncated trajectories: trained with their score, or masked."
-    )
-    incomplete_group: Literal["refill", "train_partial", "drop"] = Field(
-        default="train_partial",
-        description="Groups still missing samples after infra retries: 'refill' re-runs each "
-        "missing sample (fresh runtime, same task) up to max_refills rounds, then applies "
-        "refill_fallback; 'train_partial' trains the scored ones (at least min_partial_size); "
-        "'drop' drops the group.",
-    )
-    max_refills: int = Field(
-        default=1, ge=0, description="incomplete_group=refill: refill rounds per step."
-    )
-    refill_fallback: Literal["train_partial", "drop"] = Field(
-        default="train_partial",
-        description="incomplete_group=refill: the rule for groups still short after refilling.",
-    )
-    min_partial_size: int = Field(default=2, ge=1, description="Smallest partial group trained.")
-    filter_zero_variance_groups: bool = Field(
-        default=False, description="Drop groups whose rewards are all equal (always counted)."
-    )
-    reward_control: Literal["none", "shuffle"] = Field(
-        default="none",
-        description="A control arm: 'shuffle' permutes the rewards among the step's scored "
-        "rollouts (seeded by trainer.seed and the step) before statuses and advantages, so the "
-        "update sees random rewards through the same code path; rollouts.jsonl and the "
-        "metrics keep the true rewards. Pair with trainer.lr=0 for the other control.",
-    )
-    eval_tasks: int = Field(
-        default=0, ge=0, description="Held-out instances per family, evaluated before and after."
-    )
-    eval_before_tasks: int | None = Field(
-        default=None,
-        ge=0,
-        description="Held-out instances per family for the base model's evaluation (the first "
-        "of the eval_tasks); null: all eval_tasks; 0: none.",
-    )
-    eval_every: int = Field(default=0, ge=0, description="Validate every N steps; 0: never.")
-    eval_stop_halfwidth: float = Field(
-        default=0.0,
-        ge=0,
-        lt=0.5,
-        description="Stop a held-out evaluation early once the 95% Wilson interval of the "
-        "instances finished in task order is at most this half-width (e.g. 0.05); 0: evaluate "
-        "every instance. Paired comparisons then use the instances both evaluations scored.",
-    )
-    eval_min_tasks: int = Field(
-        default=50, ge=1, description="eval_stop_halfwidth: never stop before this many."
-    )
-    eval_temperature: float = Field(
-        default=0.0, ge=0, description="Sampling temperature of evaluations (0 = greedy)."
-    )
-    checkpoint_every: int = Field(default=1, ge=0, description="Checkpoint every N steps; 0: off.")
-    keep_checkpoints: int = Field(default=2, gt=0, description="Newest checkpoints kept.")
-    sft_steps: int = Field(
-        default=0, ge=0, description="Supervised warm-start updates on oracle traces first."
-    )
-    sft_tasks: int = Field(default=64, gt=0, description="Oracle traces per family for SFT.")
-    sft_batch_size: int = Field(default=16, gt=0, description="Oracle traces per SFT update.")
-    sft_lr: float = Field(default=1e-4, ge=0, description="Learning rate of the warm start.")
-    sft_train_last_layers: Annotated[int, Field(ge=1)] | Literal["all"] | None = Field(
-        default=None,
-        description="Decoder blocks the warm start trains, from the top: N, or 'all' (full "
-        "fine-tuning, also when trainer.lora.enabled: LoRA then applies to RL only); null: "
-        "what trainer.train_last_layers (and trainer.lora) say. A warm start must teach the "
-        "plan, not only the format: on the 135M model the top 4 blocks learned the tool "
-        "format but answered without reading (docs/algorithms.md).",
-    )
-    warm_start_from: str | None = Field(
-        default=None,
-        description="A training run folder whose warm start this run reuses instead of training "
-        "its own: its sft_model/, eval_before.json and eval_after_sft.json (with their "
-        "trajectories) are copied in, so RL arms (trainer.lr=0, rl.reward_control=shuffle, "
-        "async, another RL setting) start from one warm start and are paired on it. Refused, "
-        "naming the keys, when a setting the warm start or its evaluations depend on differs "
-        "(model, tasks, agent, tools, evaluation sizes, the warm start's own rl.sft_* and "
-        "trainer settings, trainer.seed). null: train the warm start here.",
-    )
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
-    tensorboard: bool = Field(default=False, description="Also log to TensorBoard.")
-    wandb: bool = Field(default=False, description="Also log to W&B (offline mode).")
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig, description="The supervised warm start."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluations.")
+    groups: GroupsConfig = Field(
+        default_factory=GroupsConfig, description="Truncated and incomplete groups."
+    )
+    controls: ControlsConfig = Field(default_factory=ControlsConfig, description="Control arms.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+    checkpoints: CheckpointsConfig = Field(
+        default_factory=CheckpointsConfig, description="Checkpoints."
+    )

@@ -44,7 +44,7 @@ class BuiltinBackend:
             f"engine.kind={config.engine.kind!r} cannot take new weights in place and report "
             "what it serves (update_weights + weight_fingerprint); trainer.backend 'builtin' "
             "needs engine.kind 'vllm', 'hf' or 'openai' against a dev-mode vLLM server (or "
-            "rl.steps=0 and rl.sft_steps=0: evaluation only)"
+            "rl.steps=0 and rl.warm_start.steps=0: evaluation only)"
         )
 
     def build(

@@ -11,7 +11,7 @@ Per status (see `conveyor.types.Status`):
   one still present after its retries marks its group as incomplete. An incomplete group is
   trained on what it has (`train_partial`, default, when at least `min_partial_size` scored
   trajectories remain; counted in `partial_groups`) or dropped (`drop`). The loop may refill
-  missing samples first (`rl.incomplete_group: refill`, see `conveyor.trainer.refill`); this
+  missing samples first (`rl.groups.incomplete: refill`, see `conveyor.trainer.refill`); this
   module then applies the fallback rule to what is still short.
 
 Groups of at least two trajectories whose rewards are all equal carry no group-relative signal;

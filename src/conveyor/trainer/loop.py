@@ -18,7 +18,7 @@ Checkpoints carry the data cursor and step, so `--resume` continues with the nex
 neither repeats nor skips one (`conveyor.trainer.resume` says what is re-run).
 
 Groups still short of samples after the dispatcher's infra retries are refilled
-(`rl.incomplete_group: refill`, see `conveyor.trainer.refill`) or left to the status policy.
+(`rl.groups.incomplete: refill`, see `conveyor.trainer.refill`) or left to the status policy.
 """
 
 from __future__ import annotations
@@ -136,13 +136,15 @@ class RLLoop:
         self.step = 0
         # Counters of the resume that set `step` (`resume/*`), logged with the first step.
         self.resume_metrics: dict[str, float] = {}
-        incomplete = self.rl.incomplete_group
+        groups = self.rl.groups
         self.policy = StatusPolicy(
-            truncated=self.rl.truncated,
+            truncated=groups.truncated,
             # What refilling leaves short falls to the fallback rule.
-            incomplete_group=self.rl.refill_fallback if incomplete == "refill" else incomplete,
-            min_partial_size=self.rl.min_partial_size,
-            filter_zero_variance_groups=self.rl.filter_zero_variance_groups,
+            incomplete_group=(
+                groups.refill_fallback if groups.incomplete == "refill" else groups.incomplete
+            ),
+            min_partial_size=groups.min_partial_size,
+            filter_zero_variance_groups=groups.filter_zero_variance,
         )
         options: dict[str, float | bool] = {}
         if self.rl.advantage == "grpo":
@@ -162,13 +164,13 @@ class RLLoop:
             groups.append(group)
             kill_point("rollouts", step)
         report = RefillReport()
-        if self.rl.incomplete_group == "refill" and self.rl.max_refills:
+        if self.rl.groups.incomplete == "refill" and self.rl.groups.max_refills:
             groups, report = await refill(
                 groups,
                 tasks,
                 self.stages,
                 lambda stages: make_dispatcher(settings, stages, engine=self.engine_probe),
-                max_rounds=self.rl.max_refills,
+                max_rounds=self.rl.groups.max_refills,
                 attempts_per_round=settings.max_infra_retries + 1,
                 on_batch=lambda batch: self._record_begun(step, batch, "refill", len(batch)),
             )
@@ -244,7 +246,7 @@ class RLLoop:
     async def update(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         """One optimizer step on `groups` (skipped, and said so, when nothing is trainable)."""
         step = self.step + 1
-        if self.rl.reward_control == "shuffle":
+        if self.rl.controls.reward == "shuffle":
             groups = shuffled_rewards(groups, self.config.trainer.seed, step)
         batch, metrics = self.build_batch(groups)
         if batch.items:
@@ -263,7 +265,8 @@ class RLLoop:
         from conveyor.trainer.checkpoint import save_checkpoint
         from conveyor.trainer.tracking import Tracker
 
-        tracker = Tracker(self.run_dir, tensorboard=self.rl.tensorboard, wandb=self.rl.wandb)
+        logging = self.rl.logging
+        tracker = Tracker(self.run_dir, tensorboard=logging.tensorboard, wandb=logging.wandb)
         records: list[StepRecord] = []
         # Generation runs ahead of training by up to `ahead` steps (0 in sync mode), one step's
         # collection after another: the collection of step j starts once step j-1's has ended
@@ -316,7 +319,7 @@ class RLLoop:
                 tracker.log(self.step, metrics)
                 if self.on_step is not None:
                     self.on_step(record)
-                every = self.rl.checkpoint_every
+                every = self.rl.checkpoints.every
                 if every and (self.step % every == 0 or self.step == self.rl.steps):
                     # A resumed run continues right after this step's tasks; in async mode
                     # the next step's tasks, already taken, are generated again.
@@ -325,7 +328,7 @@ class RLLoop:
                         self.step,
                         self.backend,
                         {"step": self.step, "cursor": after},
-                        keep_last=self.rl.keep_checkpoints,
+                        keep_last=self.rl.checkpoints.keep,
                     )
         finally:
             tracker.close()

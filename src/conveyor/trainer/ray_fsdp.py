@@ -135,7 +135,7 @@ class TrainerWorker:
             raise FileNotFoundError(
                 f"trainer worker {self.rank}: checkpoint folder {path} is not visible on its "
                 "node; run.dir must be on a file system every trainer node mounts (or set "
-                "rl.checkpoint_every: 0)"
+                "rl.checkpoints.every: 0)"
             )
         self.engine.save(Path(path))
 

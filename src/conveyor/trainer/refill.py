@@ -1,14 +1,14 @@
 """Per-sample refill: re-run the samples a group lost to infrastructure, so groups stay whole.
 
 The dispatcher already retries an infra failure on a fresh runtime `max_infra_retries` times; a
-sample still `infra_error` after that leaves its group short. With `rl.incomplete_group:
+sample still `infra_error` after that leaves its group short. With `rl.groups.incomplete:
 refill`, once a step's groups are back each missing sample is run again through a dispatcher
-(fresh runtime, same task, same sample index), up to `rl.max_refills` rounds. A refill round
-is a new attempt series: its attempt numbers continue after the ones already spent, so stages
-that derive a runtime (or a fault) from the attempt get a fresh one. The `infra_error` record a
-refill replaces is kept (`RefillReport.superseded`) for the run's record, never trained.
+(fresh runtime, same task, same sample index), up to `rl.groups.max_refills` rounds. A refill
+round is a new attempt series: its attempt numbers continue after the ones already spent, so
+stages that derive a runtime (or a fault) from the attempt get a fresh one. The `infra_error`
+record a refill replaces is kept (`RefillReport.superseded`) for the run's record, never trained.
 What is still missing after the last round is left to the fallback rule (`train_partial` or
-`drop`, `rl.refill_fallback`).
+`drop`, `rl.groups.refill_fallback`).
 """
 
 from __future__ import annotations

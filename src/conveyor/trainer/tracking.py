@@ -26,14 +26,16 @@ class Tracker:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
                 raise RuntimeError(
-                    "rl.tensorboard needs the tensorboard package: pip install tensorboard"
+                    "rl.logging.tensorboard needs the tensorboard package: pip install tensorboard"
                 ) from exc
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if wandb:
             try:
                 import wandb as wandb_module
             except ImportError as exc:
-                raise RuntimeError("rl.wandb needs the wandb package: pip install wandb") from exc
+                raise RuntimeError(
+                    "rl.logging.wandb needs the wandb package: pip install wandb"
+                ) from exc
             self._wandb = wandb_module.init(
                 dir=str(run_dir),
                 mode="offline",
