@@ -33,6 +33,8 @@ from conveyor.config import (
 )
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.loop import StepRecord
+from conveyor.registry import BACKENDS
+from conveyor.trainer.policy_losses import without_off_policy_weights
 from conveyor.types import Status, Task, TrainingSample, Trajectory
 
 Say = Callable[[str], None]
@@ -164,7 +166,7 @@ def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
     last = train.sft_train_last_layers
     update: dict[str, Any] = {
         "lr": train.sft_lr,
-        "loss": config.trainer.loss.model_copy(update={"tis": False}),
+        "loss": without_off_policy_weights(config.trainer.loss),
     }
     if last == "all":
         # Full fine-tuning: every weight, no LoRA adapters (a LoRA run's RL starts from it).
@@ -343,12 +345,12 @@ async def run_training(
             f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
-    if train.sft_steps and config.trainer.backend not in ("builtin", "ray_fsdp"):
+    if train.sft_steps and not BACKENDS.spec(config.trainer.backend.name).warm_start:
         # The warm start hands RL an exported model folder; a service keeps its weights.
         raise ConfigError(
-            f"rl.sft_steps={train.sft_steps} with trainer.backend {config.trainer.backend!r}: "
-            "the warm start exports a model folder, which only the builtin and ray_fsdp "
-            "backends do; set "
+            f"rl.sft_steps={train.sft_steps} with trainer.backend "
+            f"{config.trainer.backend.name!r}: the warm start exports a model folder, which "
+            "that backend does not; set "
             "rl.sft_steps=0, or warm-start with trainer.backend builtin and point model.path "
             "at its sft_model/"
         )
@@ -360,7 +362,7 @@ async def run_training(
         spec = parts.backend_spec
         if training and not (info := spec.info()).train:
             raise ConfigError(
-                f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
+                f"trainer.backend {config.trainer.backend.name!r} cannot train here: {info.reason} "
                 "(`conveyor backends` lists what can)"
             )
         # A cluster that cannot host the run says so before the engine takes its minute.

@@ -21,6 +21,7 @@ from conveyor.config.sections import (
     SamplingConfig,
     TasksConfig,
 )
+from conveyor.config.base import PartChoice
 from conveyor.config.training import LoraConfig, LossConfig, RLConfig, TrainerConfig
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "LoraConfig",
     "LossConfig",
     "ModelConfig",
+    "PartChoice",
     "RLConfig",
     "ResolvedConfig",
     "RunConfig",
