@@ -13,6 +13,7 @@ from conveyor.config import (
     ConveyorConfig,
     EngineConfig,
     HintsConfig,
+    PartChoice,
     RunConfig,
     SamplingConfig,
     TasksConfig,
@@ -29,7 +30,9 @@ def leaf_keys(model: type[BaseModel] = ConveyorConfig, prefix: str = "") -> list
     keys = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation is PartChoice:
+            keys.append(f"{prefix}{name}")  # a part: one key, {name, options} or a name
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys.extend(leaf_keys(annotation, f"{prefix}{name}."))
         else:
             keys.append(f"{prefix}{name}")

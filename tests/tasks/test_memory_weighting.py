@@ -135,7 +135,7 @@ def config(reduction: str, micro_batch_tokens: int) -> ConveyorConfig:
             lr=1e-3,
             device="cpu",
             micro_batch_tokens=micro_batch_tokens,
-            loss=LossConfig(reduction=reduction),  # type: ignore[arg-type]
+            loss={"options": LossConfig(reduction=reduction)},  # type: ignore[arg-type]
         ),
     )
 

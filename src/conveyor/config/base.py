@@ -5,7 +5,14 @@ import difflib
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SerializeAsAny
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+)
 
 from conveyor.registry import ENGINES, EXECUTORS, STRATEGIES, NoOptions, PartSpec, Registry
 
@@ -38,8 +45,10 @@ class PartChoice(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    options: SerializeAsAny[BaseModel] = NoOptions()
+    name: str = Field(description="The registered name of the part.")
+    options: SerializeAsAny[BaseModel] = Field(
+        default_factory=NoOptions, description="The part's options, checked by its own model."
+    )
 
     def __str__(self) -> str:
         return self.name

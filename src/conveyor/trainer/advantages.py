@@ -67,7 +67,7 @@ class GRPOOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     scale_by_std: bool = Field(default=True, description="Divide by the group's std.")
-    eps: float = Field(default=1e-6, gt=0, description="Added to the std before dividing.")
+    eps: float = Field(default=1e-6, ge=0, description="Added to the std before dividing.")
 
 
 class ReinforcePPOptions(BaseModel):
@@ -75,7 +75,7 @@ class ReinforcePPOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    eps: float = Field(default=1e-6, gt=0, description="Added to the std before dividing.")
+    eps: float = Field(default=1e-6, ge=0, description="Added to the std before dividing.")
 
 
 @register_advantage("grpo", GRPOOptions)
