@@ -273,6 +273,11 @@ class Registry(Generic[S]):
             raise TypeError(
                 f"a {self.kind} registers a {self.spec_type.__name__}, not {type(spec).__name__}"
             )
+        if not isinstance(spec.name, str) or not spec.name:
+            raise TypeError(
+                f"{self.kind} {spec.build!r} needs a name: pass one to register() or give the "
+                "class a non-empty `name` attribute"
+            )
         existing = self._parts.get(spec.name)
         if existing is not None and existing.build is not spec.build:
             raise ValueError(f"a {self.kind} named {spec.name!r} is already registered")

@@ -30,7 +30,9 @@ def test_backends_json_lists_every_registered_backend() -> None:
     assert set(listed) == set(BACKENDS.names()) | set(EXTERNAL_DRIVERS)
     assert {"builtin", "tinker"} <= set(BACKENDS.names())
     # VeRL and SkyRL-train drive our rollouts: listed and described, but no backend
-    assert {"verl", "skyrl"} == set(EXTERNAL_DRIVERS) and not {"verl", "skyrl"} & set(BACKENDS)
+    assert {"verl", "skyrl"} == set(EXTERNAL_DRIVERS) and not {"verl", "skyrl"} & set(
+        BACKENDS.names()
+    )
     builtin = listed["builtin"]
     assert builtin["train"] is True and builtin["eval"] is True
     assert builtin["version"].startswith("2.13")  # the torch it runs on

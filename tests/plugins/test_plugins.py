@@ -111,7 +111,9 @@ OPTION_PLUGINS = ["shifted_advantage", "reinforce_loss", "counting_backend", "ec
 
 def options_config(backend_log: Path) -> str:
     return (
-        CONFIG.replace(f"plugins: [{', '.join(PLUGINS)}]", f"plugins: [{', '.join(OPTION_PLUGINS)}]")
+        CONFIG.replace(
+            f"plugins: [{', '.join(PLUGINS)}]", f"plugins: [{', '.join(OPTION_PLUGINS)}]"
+        )
         .replace("  kind: counting_vllm\n", "  kind: vllm\n")
         .replace("  strategy: serial\n", "  strategy: pipeline\n")
         .replace(
@@ -137,9 +139,7 @@ def test_plugin_parts_get_typed_options_from_yaml(tmp_path: Path) -> None:
     assert '{"name": "reinforce", "options": {"coef": 0.5}}' in rows["trainer.loss"]
     assert '"name": "counting"' in rows["trainer.backend"]
     # an option of a plugin part set from the command line, like a built-in's
-    overridden = conveyor(
-        "config", "show", str(config), "--set", "rl.advantage.options.scale=3.0"
-    )
+    overridden = conveyor("config", "show", str(config), "--set", "rl.advantage.options.scale=3.0")
     assert overridden.returncode == 0, overridden.stderr
     assert '"scale": 3.0' in overridden.stdout
 
@@ -147,10 +147,16 @@ def test_plugin_parts_get_typed_options_from_yaml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [
-        ("options: {baseline: 0.25, scale: 2.0}", "options: {baseline: 0.25, scale: -1.0}",
-         "rl.advantage.options.scale"),
-        ("options: {baseline: 0.25, scale: 2.0}", "options: {basline: 0.25}",
-         "rl.advantage.options.basline"),
+        (
+            "options: {baseline: 0.25, scale: 2.0}",
+            "options: {baseline: 0.25, scale: -1.0}",
+            "rl.advantage.options.scale",
+        ),
+        (
+            "options: {baseline: 0.25, scale: 2.0}",
+            "options: {basline: 0.25}",
+            "rl.advantage.options.basline",
+        ),
         ("options: {coef: 0.5}", "options: {coef: fast}", "trainer.loss.options.coef"),
         ("    options: {log:", "    options: {path:", "trainer.backend.options.path"),
     ],

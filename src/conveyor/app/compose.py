@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from conveyor.dispatch.ray_cluster import RayCluster
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
+    from conveyor.registry import BackendSpec
     from conveyor.runtime.starts import RuntimeStarts
     from conveyor.tasks.family import FamilyServices, TaskFamily
-    from conveyor.registry import BackendSpec
     from conveyor.trainer.backend import TrainingBackend
 
 

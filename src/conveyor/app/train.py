@@ -32,8 +32,8 @@ from conveyor.config import (
     config_to_yaml,
 )
 from conveyor.dispatch.stages import RolloutStages
-from conveyor.trainer.loop import StepRecord
 from conveyor.registry import BACKENDS
+from conveyor.trainer.loop import StepRecord
 from conveyor.trainer.policy_losses import without_off_policy_weights
 from conveyor.types import Status, Task, TrainingSample, Trajectory
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SerializeAsAny,

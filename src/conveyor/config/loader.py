@@ -91,10 +91,7 @@ RENAMED: dict[str, str] = {
     "trainer.lora.lora_target_modules": "trainer.lora.target_modules",
     # Issue 29: a part's options live with the part's name.
     "rl.scale_by_std": "rl.advantage.options.scale_by_std",
-    **{
-        f"trainer.loss.{key}": f"trainer.loss.options.{key}"
-        for key in LossConfig.model_fields
-    },
+    **{f"trainer.loss.{key}": f"trainer.loss.options.{key}" for key in LossConfig.model_fields},
 }
 
 

@@ -208,24 +208,32 @@ def register_family(
     """
 
     def decorator(family: type[F]) -> type[F]:
-        runtimes = _declared(family, "runtimes", None)
-        FAMILIES.add(
-            FamilySpec(
-                name=family.name,
-                build=family,
-                options=options,
-                runtimes=tuple(runtimes) if runtimes is not None else None,
-                splits=tuple(_declared(family, "splits", tuple(SPLIT_SHARES))),
-                source=str(_declared(family, "source", "generated")),
-                version=str(_declared(family, "version", "1")),
-                hint_policy=_declared(family, "hint_policy", None),
-                reward_budget_s=reward_budget_s or _no_budget,
-                resolve_options=_bound(family, _declared(family, "resolve_options", None)),
-            )
-        )
+        FAMILIES.add(family_spec(family, options=options, reward_budget_s=reward_budget_s))
         return family
 
     return decorator if cls is None else decorator(cls)
+
+
+def family_spec(
+    family: type,
+    *,
+    options: type[BaseModel] = NoOptions,
+    reward_budget_s: Callable[[Any], float | None] | None = None,
+) -> FamilySpec:
+    """The `FamilySpec` `register_family` registers for `family` (see there)."""
+    runtimes = _declared(family, "runtimes", None)
+    return FamilySpec(
+        name=_declared(family, "name", ""),
+        build=family,
+        options=options,
+        runtimes=tuple(runtimes) if runtimes is not None else None,
+        splits=tuple(_declared(family, "splits", tuple(SPLIT_SHARES))),
+        source=str(_declared(family, "source", "generated")),
+        version=str(_declared(family, "version", "1")),
+        hint_policy=_declared(family, "hint_policy", None),
+        reward_budget_s=reward_budget_s or _no_budget,
+        resolve_options=_bound(family, _declared(family, "resolve_options", None)),
+    )
 
 
 def _no_budget(options: Any) -> float | None:

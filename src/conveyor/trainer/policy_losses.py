@@ -139,5 +139,7 @@ def without_off_policy_weights(choice: PartChoice) -> PartChoice:
     """`trainer.loss` as a warm start uses it: no truncated importance sampling (its samples
     are demonstrations, with no behaviour logprobs of the engine)."""
     if isinstance(choice.options, LossConfig):
-        return choice.model_copy(update={"options": choice.options.model_copy(update={"tis": False})})
+        return choice.model_copy(
+            update={"options": choice.options.model_copy(update={"tis": False})}
+        )
     return choice

@@ -141,7 +141,11 @@ def batch() -> TrainBatch:
 
 def trainer(**loss: Any) -> TrainerConfig:
     return TrainerConfig(
-        lr=3e-5, betas=[0.8, 0.95], eps=1e-7, weight_decay=0.01, max_grad_norm=2.0,
+        lr=3e-5,
+        betas=[0.8, 0.95],
+        eps=1e-7,
+        weight_decay=0.01,
+        max_grad_norm=2.0,
         loss={"options": loss},
     )
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.bridges.drivers import EXTERNAL_DRIVERS
 from conveyor.bridges.report import BridgeUnavailable
-from conveyor.bridges.verl import VENV_ENV, check
+from conveyor.bridges.verl import VENV_ENV, VerlSpec, check
 from conveyor.bridges.verl.dataset import AGENT_NAME, rows
 from conveyor.bridges.verl.sequence import VerlSequence
 from conveyor.config import ConveyorConfig

@@ -86,4 +86,3 @@ class SkyrlSpec:
     ) -> TrainingBackend:
         """Never buildable here; the error says how SkyRL runs our rollouts instead."""
         raise BackendUnavailable(HOW_TO)
-

@@ -110,4 +110,3 @@ def check(trajectories: Path, *, model: str | None = None) -> CheckReport:
             f"the VeRL check failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
         )
     return CheckReport.from_json(json.loads(lines[-1]))
-
