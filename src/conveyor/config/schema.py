@@ -123,10 +123,10 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
     problems = []
     if config.runtime.warm_pool and not EXECUTORS.spec(config.dispatch.executor).in_process:
         problems.append(
-            f"runtime.warm_pool ({config.runtime.warm_pool}) needs dispatch.executor 'asyncio' "
-            f"(an in-process one), not {config.dispatch.executor!r}: there each runtime starts "
-            "in an actor of its own, where a pool would keep idle sandboxes per actor (set "
-            "warm_pool: 0)"
+            f"runtime.warm_pool ({config.runtime.warm_pool}) needs dispatch.executor 'asyncio', "
+            f"not {config.dispatch.executor!r} (an executor that runs the stages in this "
+            "process): there each runtime starts in an actor of its own, where a pool would keep "
+            "idle sandboxes per actor (set warm_pool: 0)"
         )
     if kind == AUTO:
         return problems

@@ -1,7 +1,7 @@
 """The config sections of training: the RL loop (`rl`) and the built-in PyTorch trainer (`trainer`).
 
 These classes are what the trainer itself takes (`TorchTrainingEngine(model_dir, config.trainer)`,
-`policy_loss(..., config.trainer.loss)`): one class per concept, no mirror. They are torch-free.
+`build_loss(config.trainer.loss)`): one class per concept, no mirror. They are torch-free.
 The math is in docs/algorithms.md.
 """
 
