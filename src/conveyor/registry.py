@@ -213,7 +213,7 @@ class BackendSpec(PartSpec):
     warm_start: bool = False
 
 
-T = TypeVar("T")
+C = TypeVar("C", bound=Callable[..., Any])
 S = TypeVar("S", bound=PartSpec)
 
 
@@ -246,14 +246,14 @@ class Registry(Generic[S]):
         self._elsewhere = dict(elsewhere or {})
         self._parts: dict[str, S] = {}
 
-    def register(self, name: str | None = None, **declared: Any) -> Callable[[T], T]:
+    def register(self, name: str | None = None, **declared: Any) -> Callable[[C], C]:
         """Decorator: register the decorated class or function as the `build` of a spec named
         `name` (default: its `name` attribute), with the spec fields `declared`.
 
         A class registered under a given name gets that name as its `name` attribute.
         """
 
-        def decorator(part: T) -> T:
+        def decorator(part: C) -> C:
             key = name if name is not None else vars(part).get("name")
             if not isinstance(key, str) or not key:
                 raise TypeError(
