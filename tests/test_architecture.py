@@ -206,6 +206,13 @@ def test_trainer_imports_no_recipe_or_command_beyond_pending(tree: ImportGraph) 
     assert found - set(PENDING) == set()
 
 
+def test_the_registry_imports_nothing_of_conveyor_not_even_for_types(
+    tree: ImportGraph,
+) -> None:
+    """Part specs type their `build` as a callable, so the bottom layer names no upper type."""
+    assert [e.target for e in tree.edges if e.source == "conveyor.registry"] == []
+
+
 # --- the picture ------------------------------------------------------------------------------
 
 

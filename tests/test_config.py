@@ -1,11 +1,12 @@
 """Tests of conveyor.config: layering, sources, error messages and the YAML round trip."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from conveyor.config import (
     AgentConfig,
@@ -13,6 +14,8 @@ from conveyor.config import (
     ConveyorConfig,
     EngineConfig,
     HintsConfig,
+    LossConfig,
+    PartChoice,
     RunConfig,
     SamplingConfig,
     TasksConfig,
@@ -20,6 +23,7 @@ from conveyor.config import (
     format_config,
     load_config,
 )
+from conveyor.registry import FAMILIES, FamilySpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +33,9 @@ def leaf_keys(model: type[BaseModel] = ConveyorConfig, prefix: str = "") -> list
     keys = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation is PartChoice:
+            keys.append(f"{prefix}{name}")  # a part: one key, {name, options} or a name
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys.extend(leaf_keys(annotation, f"{prefix}{name}."))
         else:
             keys.append(f"{prefix}{name}")
@@ -428,7 +434,13 @@ def test_trainer_train_seed_is_read_as_trainer_seed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("old", "new"),
-    [("train.steps=3", "rl.steps"), ("trainer.train_dtype=bfloat16", "trainer.dtype")],
+    [
+        ("train.steps=3", "rl.steps"),
+        ("trainer.train_dtype=bfloat16", "trainer.dtype"),
+        # issue 29: a part's options moved under its name
+        ("rl.scale_by_std=false", "rl.advantage.options.scale_by_std"),
+        ("trainer.loss.kl_coef=0.1", "trainer.loss.options.kl_coef"),
+    ],
 )
 def test_a_renamed_key_names_its_new_name(old: str, new: str) -> None:
     with pytest.raises(ConfigError, match=rf"did you mean '{new}'\?"):
@@ -482,3 +494,74 @@ def test_every_moved_rl_key_names_its_new_home_from_a_file_and_from_set(
 def test_an_old_train_section_key_follows_both_renames() -> None:
     with pytest.raises(ConfigError, match=r"did you mean 'rl\.warm_start\.steps'\?"):
         load_config(None, ["train.sft_steps=8"])
+
+
+@pytest.mark.parametrize(
+    ("text", "new"),
+    [
+        ("rl:\n  scale_by_std: false\n", "rl.advantage.options.scale_by_std"),
+        ("trainer:\n  loss:\n    kl_coef: 0.1\n", "trainer.loss.options.kl_coef"),
+        ("rl:\n  advantage: {name: grpo, option: {eps: 0.1}}\n", "rl.advantage.options"),
+    ],
+)
+def test_an_old_part_key_in_a_file_names_its_new_place(tmp_path: Path, text: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=rf"did you mean '{re.escape(new)}'\?"):
+        load_config(write(tmp_path, text))
+
+
+def test_a_part_is_a_name_or_name_and_options_and_its_options_are_its_own() -> None:
+    plain = load_config(None, ["rl.advantage=rloo", "trainer.loss.options.kl_coef=0.25"]).config
+    assert (plain.rl.advantage.name, plain.trainer.loss.name) == ("rloo", "ppo_clip")
+    assert plain.trainer.loss.options == LossConfig(kl_coef=0.25)
+    grpo = load_config(None, ["rl.advantage.options.scale_by_std=false"]).config
+    assert grpo.rl.advantage.name == "grpo" and not grpo.rl.advantage.options.scale_by_std
+    # the config file a run records reads back into the same config
+    assert load_config(None).config == ConveyorConfig()
+    with pytest.raises(ConfigError, match=r"rl\.advantage\.options\.scale_by_std"):
+        load_config(None, ["rl.advantage=rloo", "rl.advantage.options.scale_by_std=false"])
+    with pytest.raises(ConfigError, match=r"rl\.advantage\.options\.eps: .*greater than"):
+        load_config(None, ["rl.advantage.options.eps=-1.0"])
+
+
+class _Unbuildable:
+    """A family whose constructor always fails: validation must never build it."""
+
+    name = "unbuildable"
+    runtimes = ("simulated",)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("built during config validation")
+
+
+class _UnbuildableOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    grade_s: float = 700.0
+
+
+def test_config_validation_builds_no_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = FamilySpec(
+        name="unbuildable",
+        build=_Unbuildable,
+        options=_UnbuildableOptions,
+        runtimes=("simulated",),
+        reward_budget_s=lambda options: options.grade_s + 1.0,
+    )
+    monkeypatch.setitem(FAMILIES._parts, "unbuildable", spec)
+    families = ["tasks.families=[unbuildable]"]
+    config = load_config(None, [*families, "dispatch.reward_timeout_s=900.0"]).config
+    assert config.tasks.families == ["unbuildable"]
+    # its reward budget comes from its spec and its options, still without building it
+    with pytest.raises(ConfigError, match=r"'unbuildable' family's grading budget \(701 s\)"):
+        load_config(None, families)
+    with pytest.raises(ConfigError, match=r"grading budget \(101 s\)"):
+        load_config(
+            None,
+            [
+                *families,
+                "tasks.options={unbuildable: {grade_s: 100.0}}",
+                "dispatch.reward_timeout_s=50.0",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"runtime\.kind \('local'\) cannot host"):
+        load_config(None, [*families, "dispatch.reward_timeout_s=900.0", "runtime.kind=local"])

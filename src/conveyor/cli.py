@@ -226,7 +226,8 @@ def train_command(
 def backends_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,
 ) -> None:
-    """List the training backends (`trainer.backend`): version, whether `conveyor train` and
+    """List the training backends (`trainer.backend`) and the external drivers (VeRL,
+    SkyRL-train, whose trainers drive our rollouts): version, whether `conveyor train` and
     `conveyor eval` can use each here, how weights reach the sampler, and why not where not."""
     from conveyor.app.backends import backend_infos
 

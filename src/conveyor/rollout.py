@@ -19,6 +19,7 @@ from conveyor.agent.hints import HintPolicy
 from conveyor.agent.loop import AgentLoop, FirstTurn, final_answer
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.base import SamplingClient
+from conveyor.registry import FAMILIES
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import (
@@ -123,7 +124,7 @@ class AgentStages:
                 self.sampling,
                 rollout_timeout_s=self.rollout_timeout_s,
                 # A family may bring its own hints (the SWE recipe adds view-without-search).
-                hint_policy=getattr(family, "hint_policy", HintPolicy),
+                hint_policy=_hint_policy(task.family),
                 user_turn=family.user_turn if isinstance(family, Conversational) else None,
             )
             self._loops[key] = loop
@@ -186,3 +187,13 @@ class AgentStages:
         closed by the run)."""
         if self._owns_starts:
             await self.starts.close()
+
+
+def _hint_policy(family: str) -> type[HintPolicy]:
+    """The hint policy the family's spec names (`FamilySpec.hint_policy`), else the default; a
+    family known only to the caller (not registered) gets the default."""
+    if family in FAMILIES:
+        policy: type[HintPolicy] | None = FAMILIES.spec(family).hint_policy
+        if policy is not None:
+            return policy
+    return HintPolicy

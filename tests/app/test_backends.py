@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.app.compose import Composition
+from conveyor.bridges.drivers import EXTERNAL_DRIVERS
 from conveyor.config import ConfigError, ConveyorConfig, load_config
 from conveyor.engines.simulated import SimulatedEngine
 from conveyor.registry import BACKENDS
@@ -26,7 +27,12 @@ def test_backends_json_lists_every_registered_backend() -> None:
     )
     assert done.returncode == 0, done.stderr
     listed = {b["name"]: b for b in json.loads(done.stdout.strip().splitlines()[-1])["backends"]}
-    assert set(listed) == set(BACKENDS.names()) >= {"builtin", "tinker", "verl", "skyrl"}
+    assert set(listed) == set(BACKENDS.names()) | set(EXTERNAL_DRIVERS)
+    assert {"builtin", "tinker"} <= set(BACKENDS.names())
+    # VeRL and SkyRL-train drive our rollouts: listed and described, but no backend
+    assert {"verl", "skyrl"} == set(EXTERNAL_DRIVERS) and not {"verl", "skyrl"} & set(
+        BACKENDS.names()
+    )
     builtin = listed["builtin"]
     assert builtin["train"] is True and builtin["eval"] is True
     assert builtin["version"].startswith("2.13")  # the torch it runs on
@@ -92,7 +98,17 @@ def test_a_warm_start_with_a_service_backend_is_refused_before_anything_starts(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("backend", ["verl", "skyrl", "tinker"])
+@pytest.mark.parametrize("backend", ["verl", "skyrl"])
+def test_an_external_driver_named_as_backend_is_refused_saying_what_it_is(
+    backend: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"trainer:\n  backend: {backend}\n")
+    with pytest.raises(ConfigError, match=r"an external driver.*conveyor backends"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("backend", ["tinker"])
 def test_training_on_a_backend_unusable_here_is_refused_at_start_with_its_reason(
     backend: str, tmp_path: Path
 ) -> None:

@@ -54,6 +54,7 @@ from conveyor.engines.openai_http import OpenAICompatibleClient
 from conveyor.registry import FAMILIES
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.limits import MARKER_ENV
+from conveyor.tasks.family import family_spec
 from conveyor.types import Status, Trajectory
 
 pytestmark = [
@@ -151,7 +152,7 @@ def chaos_family(
     if not ok:
         pytest.skip(why)
     # Nameable for this test only: the registry other tests list stays as it was.
-    monkeypatch.setitem(FAMILIES._parts, ChaosSandboxFamily.name, ChaosSandboxFamily)
+    monkeypatch.setitem(FAMILIES._parts, ChaosSandboxFamily.name, family_spec(ChaosSandboxFamily))
     root = tmp_path / "workspaces"
     root.mkdir()
     # The host disk under the workspaces: small, so the test can fill it.

@@ -1,4 +1,5 @@
-"""Parts added from outside the package: a dispatch strategy, an advantage estimator, an engine
+"""Parts added from outside the package: a dispatch strategy, advantage estimators (one with
+options of its own), a policy loss, a training backend, an engine
 and a task family, each one file in tests/plugins/parts plus a registration, named in a YAML
 config through `plugins:` and run by the real commands."""
 
@@ -101,5 +102,93 @@ def test_a_training_run_uses_every_plugin_part(tmp_path: Path, model_dir: Path) 
     assert sum(1 for line in lines if line == "engine counting request") >= 8
     rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 4 and all(r["task_id"].startswith("echo-train-") for r in rollouts)
+    (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["step"] == 1
+
+
+# Parts that take options of their own: an advantage estimator, a policy loss and a training
+# backend, each one file in tests/plugins/parts, named with typed options in YAML.
+OPTION_PLUGINS = ["shifted_advantage", "reinforce_loss", "counting_backend", "echo_family"]
+
+
+def options_config(backend_log: Path) -> str:
+    return (
+        CONFIG.replace(
+            f"plugins: [{', '.join(PLUGINS)}]", f"plugins: [{', '.join(OPTION_PLUGINS)}]"
+        )
+        .replace("  kind: counting_vllm\n", "  kind: vllm\n")
+        .replace("  strategy: serial\n", "  strategy: pipeline\n")
+        .replace(
+            "  advantage: centred\n",
+            "  advantage:\n    name: shifted\n    options: {baseline: 0.25, scale: 2.0}\n",
+        )
+        .replace(
+            "trainer:\n",
+            "trainer:\n  loss:\n    name: reinforce\n    options: {coef: 0.5}\n"
+            f"  backend:\n    name: counting\n    options: {{log: {backend_log}}}\n",
+        )
+    )
+
+
+def test_plugin_parts_get_typed_options_from_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "options.yaml"
+    config.write_text(options_config(tmp_path / "backend.log"))
+    shown = conveyor("config", "show", str(config))
+    assert shown.returncode == 0, shown.stderr
+    rows = {row.split()[0]: row for row in shown.stdout.splitlines() if " = " in row}
+    assert '"name": "shifted"' in rows["rl.advantage"]
+    assert '"baseline": 0.25, "scale": 2.0' in rows["rl.advantage"]
+    assert '{"name": "reinforce", "options": {"coef": 0.5}}' in rows["trainer.loss"]
+    assert '"name": "counting"' in rows["trainer.backend"]
+    # an option of a plugin part set from the command line, like a built-in's
+    overridden = conveyor("config", "show", str(config), "--set", "rl.advantage.options.scale=3.0")
+    assert overridden.returncode == 0, overridden.stderr
+    assert '"scale": 3.0' in overridden.stdout
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        (
+            "options: {baseline: 0.25, scale: 2.0}",
+            "options: {baseline: 0.25, scale: -1.0}",
+            "rl.advantage.options.scale",
+        ),
+        (
+            "options: {baseline: 0.25, scale: 2.0}",
+            "options: {basline: 0.25}",
+            "rl.advantage.options.basline",
+        ),
+        ("options: {coef: 0.5}", "options: {coef: fast}", "trainer.loss.options.coef"),
+        ("    options: {log:", "    options: {path:", "trainer.backend.options.path"),
+    ],
+)
+def test_bad_options_of_a_plugin_part_are_refused_naming_the_key(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    config = tmp_path / "bad.yaml"
+    text = options_config(tmp_path / "backend.log")
+    assert old in text
+    config.write_text(text.replace(old, new))
+    refused = conveyor("config", "show", str(config))
+    assert refused.returncode == 2 and key in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_training_run_uses_plugin_parts_with_their_options(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    config = tmp_path / "options.yaml"
+    backend_log = tmp_path / "backend.log"
+    config.write_text(options_config(backend_log))
+    log = tmp_path / "plugin.log"
+    run_dir = tmp_path / "run"
+    done = conveyor("train", str(config), "--set", f"run.dir={run_dir}", log=log)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = log.read_text().splitlines()
+    assert "advantage shifted baseline=0.25 scale=2.0" in lines
+    assert "loss reinforce coef=0.5" in lines
+    assert backend_log.read_text().splitlines()[0].startswith("backend counting update 1 ")
     (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics["step"] == 1

@@ -12,12 +12,12 @@ import pytest
 from conveyor.agent.chat import ChatRenderer
 from conveyor.config import AgentConfig, RuntimeConfig, SamplingConfig
 from conveyor.engines.simulated import SimulatedEngine
-from conveyor.registry import FAMILIES, RUNTIMES
+from conveyor.registry import FAMILIES, RUNTIMES, RuntimeSpec
 from conveyor.rollout import AgentStages
 from conveyor.runtime.selection import RuntimeRequest
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks import ArithmeticFamily, FileNavFamily
-from conveyor.tasks.family import build_families, get_family
+from conveyor.tasks.family import build_families, family_spec, get_family
 from conveyor.types import Trajectory
 
 
@@ -68,8 +68,10 @@ class _RecordingFileNav(FileNavFamily):
 def test_a_runtime_registered_by_a_user_builds_a_family_s_runtimes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(RUNTIMES._parts, "recording", _Recording())
-    monkeypatch.setitem(FAMILIES._parts, _RecordingFileNav.name, _RecordingFileNav)
+    monkeypatch.setitem(
+        RUNTIMES._parts, "recording", RuntimeSpec(name="recording", build=_Recording())
+    )
+    monkeypatch.setitem(FAMILIES._parts, _RecordingFileNav.name, family_spec(_RecordingFileNav))
     _Recording.requests = []
     family = get_family(_RecordingFileNav.name, RuntimeConfig(kind="recording"))
     task = family.make_tasks(1, 0, "eval")[0]
@@ -90,7 +92,7 @@ class _NoSettings(ArithmeticFamily):
 def test_a_family_without_runtime_settings_runs_only_with_auto(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(FAMILIES._parts, _NoSettings.name, _NoSettings)
+    monkeypatch.setitem(FAMILIES._parts, _NoSettings.name, family_spec(_NoSettings))
     assert isinstance(get_family(_NoSettings.name), _NoSettings)
     assert isinstance(get_family(_NoSettings.name, RuntimeConfig()), _NoSettings)
     with pytest.raises(ValueError, match=r"takes no runtime settings.*'auto', not 'simulated'"):
@@ -131,7 +133,7 @@ def _stages(**kwargs: Any) -> AgentStages:
 def test_agent_stages_build_each_family_once_with_the_runtime_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(FAMILIES._parts, _Counted.name, _Counted)
+    monkeypatch.setitem(FAMILIES._parts, _Counted.name, family_spec(_Counted))
     _Counted.built = []
     settings = RuntimeConfig(kind="simulated")
     stages = _stages(runtime=settings)

@@ -27,6 +27,7 @@ from conveyor.tasks.family import (
     Grading,
     family_info,
     family_options,
+    family_spec,
     get_family,
 )
 from conveyor.trainer.sft import ORACLE_SAY
@@ -82,7 +83,9 @@ class GradedFamily:
 @pytest.fixture
 def graded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register the test family for one test only (the real registry, restored after)."""
-    monkeypatch.setitem(FAMILIES._parts, GradedFamily.name, GradedFamily)
+    monkeypatch.setitem(
+        FAMILIES._parts, GradedFamily.name, family_spec(GradedFamily, options=_Options)
+    )
 
 
 class Says:

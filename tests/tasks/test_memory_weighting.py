@@ -32,11 +32,11 @@ import pytest
 import torch
 
 from conveyor.config import ConveyorConfig, LossConfig, RLConfig, TrainerConfig
-from conveyor.trainer import engine as engine_module
 from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.batching import MicroBatch
 from conveyor.trainer.engine import TorchTrainingEngine
 from conveyor.trainer.loop import RLLoop
+from conveyor.trainer.policy_losses import PPOClip
 from conveyor.types import Trajectory, TrajectoryGroup, Turn
 
 F = Fraction
@@ -135,7 +135,7 @@ def config(reduction: str, micro_batch_tokens: int) -> ConveyorConfig:
             lr=1e-3,
             device="cpu",
             micro_batch_tokens=micro_batch_tokens,
-            loss=LossConfig(reduction=reduction),  # type: ignore[arg-type]
+            loss={"options": LossConfig(reduction=reduction)},  # type: ignore[arg-type]
         ),
     )
 
@@ -152,18 +152,20 @@ def record_token_weights(
     micros: list[MicroBatch] = []
     grads: list[torch.Tensor] = []
     real_collate = backend._collate
-    real_loss = engine_module.policy_loss
+    real_loss = backend.loss
+    assert isinstance(real_loss, PPOClip)
+
+    class Hooked(PPOClip):
+        def __call__(self, logprobs: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            logprobs.register_hook(lambda grad: grads.append(grad.detach().clone()))
+            return super().__call__(logprobs, *args, **kwargs)
 
     def collate(batch: TrainBatch, micro: MicroBatch) -> Any:
         micros.append(micro)
         return real_collate(batch, micro)
 
-    def loss(logprobs: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        logprobs.register_hook(lambda grad: grads.append(grad.detach().clone()))
-        return real_loss(logprobs, *args, **kwargs)
-
     monkeypatch.setattr(backend, "_collate", collate)
-    monkeypatch.setattr(engine_module, "policy_loss", loss)
+    monkeypatch.setattr(backend, "loss", Hooked(real_loss.settings))
 
     def read() -> list[list[float]]:
         assert len(micros) == len(grads) == expected_micro_batches

@@ -136,8 +136,8 @@ def test_micro_batching_does_not_change_the_update(tiny: Path, loss: dict[str, A
     items = [*batch.items, (silent, 0.7)]
     refs = [[-2.0 + 0.01 * t for t in range(len(s.input_ids))] for s, _ in items]
     batch = TrainBatch(items=items, ref_logprobs=refs)
-    whole = engine(tiny, micro_batch_tokens=100_000, loss=loss)
-    split = engine(tiny, micro_batch_tokens=30, loss=loss)
+    whole = engine(tiny, micro_batch_tokens=100_000, loss={"options": loss})
+    split = engine(tiny, micro_batch_tokens=30, loss={"options": loss})
     assert len(batch.items) > 4  # the small budget really splits it (each is <= 24 tokens)
     a, b = whole.step(batch), split.step(batch)
     assert a.loss == pytest.approx(b.loss, abs=1e-6)
@@ -157,7 +157,7 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_update(
     """Samples with advantage 0 are not forwarded, yet the update is that of the whole batch."""
     batch = random_batch(n=6, seed=4)
     items = [(s, 0.0 if i % 2 else a) for i, (s, a) in enumerate(batch.items)]
-    e = engine(tiny, max_grad_norm=None, loss={"reduction": reduction})
+    e = engine(tiny, max_grad_norm=None, loss={"options": {"reduction": reduction}})
     model = copy.deepcopy(e.model)
     result = e.step(TrainBatch(items=items))
     assert result.skipped_samples == 3
@@ -235,7 +235,7 @@ def test_masked_tokens_get_exactly_zero_gradient(tiny: Path) -> None:
         )
         for s, a in batch.items
     ]
-    e = engine(tiny, loss={"tis": True})
+    e = engine(tiny, loss={"options": {"tis": True}})
     grads = capture_hidden_grads(e)
     result = e.step(TrainBatch(items=items))
     assert math.isfinite(result.loss) and math.isfinite(result.grad_norm)
@@ -531,7 +531,8 @@ def test_the_warm_start_trains_the_blocks_rl_sft_train_last_layers_names(
         return "top"
 
     warm = warm_start_settings(config)
-    assert warm.lr == 3e-4 and not warm.loss.tis
+    assert warm.lr == 3e-4 and isinstance(warm.loss.options, LossConfig)
+    assert not warm.loss.options.tis
     assert (trained(warm), trained(config.trainer)) == (warm_start_trains, rl_trains)
     with pytest.raises(ConfigError, match=r"rl\.warm_start\.train_last_layers"):
         load_config(None, ["rl.warm_start.train_last_layers=0"])

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from conveyor.dispatch.ray_cluster import RayCluster
     from conveyor.dispatch.stages import RolloutStages
     from conveyor.engines.base import SamplingClient
+    from conveyor.registry import BackendSpec
     from conveyor.runtime.starts import RuntimeStarts
     from conveyor.tasks.family import FamilyServices, TaskFamily
-    from conveyor.trainer.backend import BackendSpec, TrainingBackend
+    from conveyor.trainer.backend import TrainingBackend
 
 
 class Composition:
@@ -182,8 +183,7 @@ class Composition:
         if self._cluster is None:
             from conveyor.dispatch.ray_cluster import connect
 
-            ray_trainer = self.config.trainer.backend == "ray_fsdp"
-            workers = settings.trainer_workers if ray_trainer else 0
+            workers = settings.trainer_workers if self.backend_spec.distributed else 0
             replicas = self.config.engine.replicas if settings.engine_resource else 0
             self._cluster = connect(settings, trainer_workers=workers, engine_replicas=replicas)
         return self._cluster
@@ -260,7 +260,7 @@ class Composition:
         """The training backend `trainer.backend` names (`conveyor.registry.BACKENDS`)."""
         from conveyor.registry import BACKENDS
 
-        return BACKENDS.get(self.config.trainer.backend)
+        return BACKENDS.spec(self.config.trainer.backend.name)
 
     def trainer(self, model_dir: Path, settings: TrainerConfig | None = None) -> TrainingBackend:
         """The configured training backend on `model_dir` with `settings` (default: the
@@ -298,13 +298,13 @@ class Composition:
 
 def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     """`config`, with `engine.kind` set to the sampler its training backend brings (a
-    `BackendSpec`'s `engine_kind`, e.g. Tinker's) when the config does not set `engine.kind`
+    `BackendSpec`'s `sampler`, e.g. Tinker's) when the config does not set `engine.kind`
     itself: changing `trainer.backend` is then the one change that moves a config."""
     if "kind" in config.engine.model_fields_set:
         return config
     from conveyor.registry import BACKENDS
 
-    own = getattr(BACKENDS.get(config.trainer.backend), "engine_kind", None)
+    own = BACKENDS.spec(config.trainer.backend.name).sampler
     if not own:
         return config
     engine = config.engine.model_copy(update={"kind": own})

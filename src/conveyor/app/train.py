@@ -37,7 +37,9 @@ from conveyor.config import (
     config_to_yaml,
 )
 from conveyor.dispatch.stages import RolloutStages
+from conveyor.registry import BACKENDS
 from conveyor.trainer.loop import RLLoop, StepRecord
+from conveyor.trainer.policy_losses import without_off_policy_weights
 from conveyor.types import Status, Task, TrainingSample, Trajectory
 
 Say = Callable[[str], None]
@@ -169,7 +171,7 @@ def warm_start_settings(config: ConveyorConfig) -> TrainerConfig:
     last = settings.train_last_layers
     update: dict[str, Any] = {
         "lr": settings.lr,
-        "loss": config.trainer.loss.model_copy(update={"tis": False}),
+        "loss": without_off_policy_weights(config.trainer.loss),
     }
     if last == "all":
         # Full fine-tuning: every weight, no LoRA adapters (a LoRA run's RL starts from it).
@@ -349,7 +351,6 @@ class TrainingPlan:
 
 def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> TrainingPlan:
     """The run's plan, or the refusal of a config that cannot train, before any part starts."""
-    from conveyor.registry import BACKENDS
     from conveyor.trainer.faults import armed
 
     config = resolved.config
@@ -365,12 +366,12 @@ def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> Training
             f"sampling.top_p={config.sampling.top_p:g}: RL needs top_p 1, since the trainer's "
             "logprobs have no nucleus cut and would not match the engine's behaviour logprobs"
         )
-    if rl.warm_start.steps and config.trainer.backend not in ("builtin", "ray_fsdp"):
+    if rl.warm_start.steps and not BACKENDS.spec(config.trainer.backend.name).warm_start:
         # The warm start hands RL an exported model folder; a service keeps its weights.
         raise ConfigError(
             f"rl.warm_start.steps={rl.warm_start.steps} with trainer.backend "
-            f"{config.trainer.backend!r}: the warm start exports a model folder, which only the "
-            "builtin and ray_fsdp backends do; set rl.warm_start.steps=0, or warm-start with "
+            f"{config.trainer.backend.name!r}: the warm start exports a model folder, which "
+            "that backend does not; set rl.warm_start.steps=0, or warm-start with "
             "trainer.backend builtin and point model.path at its sft_model/"
         )
     # The base model's evaluation may be shorter: the first instances of the held-out ones (a
@@ -384,9 +385,9 @@ def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> Training
         eval_tasks=held_out,
         before_tasks=min(before, held_out) if before and held_out else 0,
     )
-    if plan.training and not (info := BACKENDS.get(config.trainer.backend).info()).train:
+    if plan.training and not (info := BACKENDS.spec(config.trainer.backend.name).info()).train:
         raise ConfigError(
-            f"trainer.backend {config.trainer.backend!r} cannot train here: {info.reason} "
+            f"trainer.backend {config.trainer.backend.name!r} cannot train here: {info.reason} "
             "(`conveyor backends` lists what can)"
         )
     return plan

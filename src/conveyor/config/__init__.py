@@ -6,7 +6,7 @@ take (the trainer takes `TrainerConfig`, the loss `LossConfig`): there is one cl
 Names of pluggable parts are checked against `conveyor.registry`.
 """
 
-from conveyor.config.base import ConfigError
+from conveyor.config.base import ConfigError, PartChoice
 from conveyor.config.cluster import ClusterConfig
 from conveyor.config.loader import ResolvedConfig, config_to_yaml, format_config, load_config
 from conveyor.config.schema import ConveyorConfig
@@ -50,6 +50,7 @@ __all__ = [
     "LoraConfig",
     "LossConfig",
     "ModelConfig",
+    "PartChoice",
     "RLConfig",
     "ResolvedConfig",
     "RunConfig",

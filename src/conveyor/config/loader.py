@@ -24,8 +24,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from conveyor.config.base import ConfigError
+from conveyor.config.base import ConfigError, PartChoice
 from conveyor.config.schema import ConveyorConfig
+from conveyor.config.training import LossConfig
 
 __all__ = ["ResolvedConfig", "config_to_yaml", "format_config", "load_config"]
 
@@ -44,9 +45,16 @@ class ResolvedConfig:
 
 def _section_type(field: FieldInfo) -> type[BaseModel] | None:
     annotation = field.annotation
+    if _is_part(field):
+        return None  # one key: a name, or {name, options} the part's own model checks
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None
+
+
+def _is_part(field: FieldInfo) -> bool:
+    annotation = field.annotation
+    return isinstance(annotation, type) and issubclass(annotation, PartChoice)
 
 
 def _collect_keys(
@@ -105,6 +113,9 @@ RENAMED: dict[str, str] = {
     "rl.wandb": "rl.logging.wandb",
     "rl.checkpoint_every": "rl.checkpoints.every",
     "rl.keep_checkpoints": "rl.checkpoints.keep",
+    # Issue 29: a part's options live with the part's name.
+    "rl.scale_by_std": "rl.advantage.options.scale_by_std",
+    **{f"trainer.loss.{key}": f"trainer.loss.options.{key}" for key in LossConfig.model_fields},
 }
 
 
@@ -275,6 +286,11 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
         section = _section_type(field)
         last = depth == len(parts) - 1
         if section is None and not last:
+            if _is_part(field) and parts[depth + 1] in ("name", "options"):
+                # `--set trainer.loss.options.kl_coef=0.1`: one option of a named part.
+                _set_part_option(target, name, parts[depth + 1 :], text, override)
+                sources[".".join(parts[: depth + 1])] = source
+                return
             raise _unknown_key(key, source, model)
         if section is not None and last:
             raise ConfigError(
@@ -297,7 +313,31 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
     sources[key] = source
 
 
+def _set_part_option(
+    target: dict[str, Any], name: str, path: list[str], text: str, override: str
+) -> None:
+    """Set `path` (``name`` or ``options.<key>...``) inside the part key `name` of `target`,
+    keeping what the file gave it (a plain name becomes ``{name: ...}``)."""
+    current = target.get(name)
+    part: dict[str, Any] = {"name": current} if isinstance(current, str) else dict(current or {})
+    target[name] = part
+    inner = part
+    for step in path[:-1]:
+        nested = inner.get(step)
+        inner[step] = nested = dict(nested) if isinstance(nested, dict) else {}
+        inner = nested
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"the value of override '{override}' is not valid YAML: {_yaml_problem(exc)}."
+        ) from None
+    inner[path[-1]] = value
+
+
 def _describe(field: FieldInfo) -> str:
+    if _is_part(field):
+        return "a registered name, or {name, options} checked by that part's options model"
     annotation = field.annotation
     if get_origin(annotation) is Literal:
         text = "one of " + ", ".join(repr(option) for option in get_args(annotation))
@@ -366,7 +406,7 @@ def _leaf_value(config: ConveyorConfig, key: str) -> Any:
     value: Any = config
     for name in key.split("."):
         value = getattr(value, name)
-    return value
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
 
 
 def format_config(resolved: ResolvedConfig) -> str:

@@ -20,8 +20,7 @@ from conveyor.config.sections import (
     TasksConfig,
 )
 from conveyor.config.training import RLConfig, TrainerConfig
-from conveyor.registry import FAMILIES
-from conveyor.types import FamilyServices
+from conveyor.registry import BACKENDS, ENGINES, EXECUTORS, FAMILIES, STRATEGIES
 
 
 class ConveyorConfig(Section):
@@ -87,8 +86,8 @@ class ConveyorConfig(Section):
 
 def _pool_problems(dispatch: DispatchConfig) -> list[str]:
     """R must admit the strategy's whole run pool, or part of the pool can never run."""
-    key = "p_run" if dispatch.strategy in ("pipeline", "auto") else "max_parallel"
-    pool = getattr(dispatch, key)
+    key = STRATEGIES.spec(dispatch.strategy).run_pool
+    pool = dispatch.model_dump()[key]
     if dispatch.max_live_runtimes >= pool:
         return []
     return [
@@ -122,20 +121,18 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
     a warm pool lives in the process that starts the runtimes (the asyncio executor's)."""
     kind = config.runtime.kind
     problems = []
-    if config.runtime.warm_pool and config.dispatch.executor != "asyncio":
+    if config.runtime.warm_pool and not EXECUTORS.spec(config.dispatch.executor).in_process:
         problems.append(
             f"runtime.warm_pool ({config.runtime.warm_pool}) needs dispatch.executor 'asyncio', "
-            f"not {config.dispatch.executor!r}: there each runtime starts in an actor of its "
-            "own, where a pool would keep idle sandboxes per actor (set warm_pool: 0)"
+            f"not {config.dispatch.executor!r} (an executor that runs the stages in this "
+            "process): there each runtime starts in an actor of its own, where a pool would keep "
+            "idle sandboxes per actor (set warm_pool: 0)"
         )
     if kind == AUTO:
         return problems
     for name in config.tasks.families:
-        try:
-            supported = getattr(FAMILIES.get(name), "runtimes", None)
-        except KeyError:
-            continue  # reported by the tasks section's own check
-        if isinstance(supported, tuple | list) and kind not in supported:
+        supported = FAMILIES.spec(name).runtimes
+        if supported is not None and kind not in supported:
             problems.append(
                 f"runtime.kind ({kind!r}) cannot host the '{name}' family's rollouts; it "
                 f"supports {', '.join(supported)} (runtime.kind 'auto' picks {supported[0]!r})"
@@ -145,18 +142,20 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
 
 def _cluster_problems(config: "ConveyorConfig") -> list[str]:
     """The trainer's placement and the cluster section must agree (docs/scale.md)."""
-    cluster, backend = config.cluster, config.trainer.backend
+    cluster, backend = config.cluster, config.trainer.backend.name
+    distributed = BACKENDS.spec(backend).distributed
     problems = []
-    if backend == "ray_fsdp" and cluster.address is None:
+    if distributed and cluster.address is None:
         problems.append(
-            "trainer.backend 'ray_fsdp' runs the trainer as Ray actors, but cluster.address is "
+            f"trainer.backend {backend!r} runs the trainer as Ray actors, but cluster.address is "
             "null (no Ray): set cluster.address to 'local' (a Ray on this machine) or to the "
             "cluster's address"
         )
-    if cluster.trainer_workers > 1 and backend != "ray_fsdp":
+    if cluster.trainer_workers > 1 and not distributed:
         problems.append(
             f"cluster.trainer_workers ({cluster.trainer_workers}) needs trainer.backend "
-            f"'ray_fsdp' (trainer.backend {backend!r} trains in this process)"
+            f"'ray_fsdp' or another distributed one (trainer.backend {backend!r} trains in this "
+            "process)"
         )
     engine = config.engine
     if cluster.engine_resource is not None:
@@ -165,17 +164,17 @@ def _cluster_problems(config: "ConveyorConfig") -> list[str]:
                 f"cluster.engine_resource {cluster.engine_resource!r} places engine replicas "
                 "on a Ray cluster, but cluster.address is null (no Ray)"
             )
-        if engine.kind != "vllm":
+        if not ENGINES.spec(engine.kind).replicas:
             problems.append(
                 f"cluster.engine_resource starts vLLM servers on the cluster, which needs "
-                f"engine.kind 'vllm', not {engine.kind!r}"
+                f"engine.kind 'vllm', not {engine.kind!r} (a kind whose spec has replicas)"
             )
     elif engine.server_args and engine.replicas == 1:
         problems.append(
             "engine.server_args are arguments of the replica servers that engine.replicas > 1 "
             "(or cluster.engine_resource) starts; with one in-process engine nothing reads them"
         )
-    if cluster.address is not None and config.dispatch.executor != "asyncio":
+    if cluster.address is not None and not EXECUTORS.spec(config.dispatch.executor).in_process:
         problems.append(
             f"dispatch.executor {config.dispatch.executor!r} with cluster.address set: the "
             "cluster section already places every runtime in a Ray actor on a node with "
@@ -186,18 +185,13 @@ def _cluster_problems(config: "ConveyorConfig") -> list[str]:
 
 
 def _reward_budget_s(family_name: str, options: Mapping[str, Any]) -> float | None:
-    """The longest a family's `score` may legitimately take, when the family states it
-    (`reward_budget_s`), built with its `tasks.options` entry (a terminal folder added through
-    options brings its own verifier timeout)."""
+    """The longest a family's `score` may legitimately take, as its spec states it from its
+    `tasks.options` entry (a terminal folder added through options brings its own verifier
+    timeout); nothing is built to find out. Options its model refuses state no budget here:
+    the family refuses them itself when the run builds it."""
+    spec = FAMILIES.spec(family_name)
     try:
-        factory = FAMILIES.get(family_name)
-        try:
-            family = factory(services=FamilyServices(options=options))
-        except TypeError:  # a family that takes no services (nor options)
-            family = factory()
-    except (KeyError, TypeError, ValueError):
-        # an unknown name is reported by the tasks section's own check; a family that cannot
-        # be built with its defaults states no budget here
+        checked = spec.validate_options(options, f"tasks.options.{family_name}")
+    except ValueError:
         return None
-    budget = getattr(family, "reward_budget_s", None)
-    return float(budget) if isinstance(budget, int | float) else None
+    return spec.reward_budget_s(checked)

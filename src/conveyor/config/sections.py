@@ -6,7 +6,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from conveyor.config.base import EngineKind, ExecutorName, Section, StrategyName
-from conveyor.registry import FAMILIES, RUNTIMES
+from conveyor.registry import ENGINES, FAMILIES, RUNTIMES
 
 
 class ModelConfig(Section):
@@ -129,18 +129,19 @@ class EngineConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _openai_needs_url(self) -> Self:
-        if self.kind == "openai" and self.base_url is None and not self.base_urls:
+    def _servers_need_urls(self) -> Self:
+        spec = ENGINES.spec(self.kind)
+        if spec.needs_base_url and self.base_url is None and not self.base_urls:
             raise ValueError(
-                "engine.kind 'openai' needs engine.base_url (the server's URL) or "
+                f"engine.kind {self.kind!r} needs engine.base_url (the server's URL) or "
                 "engine.base_urls (several servers of the same model)"
             )
         if self.base_urls is not None:
-            if self.kind != "openai":
+            if not spec.needs_base_url:
                 raise ValueError(
-                    f"engine.base_urls names servers, which engine.kind 'openai' reaches; "
-                    f"engine.kind is {self.kind!r} (for local replicas use engine.replicas "
-                    "with kind 'vllm')"
+                    f"engine.base_urls names servers, which engine.kind 'openai' (a kind that "
+                    f"needs a base_url) reaches; engine.kind is {self.kind!r} (for local "
+                    "replicas use engine.replicas with kind 'vllm')"
                 )
             if self.base_url is not None:
                 raise ValueError("give engine.base_url or engine.base_urls, not both")
@@ -150,11 +151,11 @@ class EngineConfig(Section):
             twice = sorted({url for url in normalized if normalized.count(url) > 1})
             if twice:
                 raise ValueError(f"engine.base_urls lists {twice} more than once")
-        if self.replicas > 1 and self.kind != "vllm":
+        if self.replicas > 1 and not spec.replicas:
             raise ValueError(
                 f"engine.replicas={self.replicas} starts local vLLM servers, which needs "
-                f"engine.kind 'vllm', not {self.kind!r}; servers you run yourself go in "
-                "engine.base_urls (kind 'openai')"
+                f"engine.kind 'vllm', not {self.kind!r} (a kind whose spec has replicas); "
+                "servers you run yourself go in engine.base_urls (kind 'openai')"
             )
         return self
 
@@ -340,8 +341,8 @@ class TasksConfig(Section):
             if not isinstance(name, str) or name not in FAMILIES:
                 continue  # an unknown name is reported by `_families_unique`
             entry = options.get(name) or {}
-            resolve = getattr(FAMILIES.get(name), "resolve_options", None)
-            if callable(resolve) and isinstance(entry, dict):
+            resolve = FAMILIES.spec(name).resolve_options
+            if resolve is not None and isinstance(entry, dict):
                 resolved[name] = resolve(entry)
         return {**data, "options": resolved}
 
@@ -449,9 +450,11 @@ class RuntimeConfig(Section):
         return kind if kind == AUTO else RUNTIMES.check(kind)
 
     @model_validator(mode="after")
-    def _docker_has_an_image(self) -> Self:
-        if self.kind == "docker" and not self.docker_image:
-            raise ValueError("runtime.kind 'docker' needs runtime.docker_image (the image to run)")
+    def _image_runtimes_have_an_image(self) -> Self:
+        if self.kind != AUTO and RUNTIMES.spec(self.kind).needs_image and not self.docker_image:
+            raise ValueError(
+                f"runtime.kind {self.kind!r} needs runtime.docker_image (the image to run)"
+            )
         return self
 
 

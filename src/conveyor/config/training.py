@@ -1,15 +1,16 @@
 """The config sections of training: the RL loop (`rl`) and the built-in PyTorch trainer (`trainer`).
 
 These classes are what the trainer itself takes (`TorchTrainingEngine(model_dir, config.trainer)`,
-`policy_loss(..., config.trainer.loss)`): one class per concept, no mirror. They are torch-free.
+`build_loss(config.trainer.loss)`): one class per concept, no mirror. They are torch-free.
 The math is in docs/algorithms.md.
 """
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
-from conveyor.config.base import AdvantageName, BackendName, Section
+from conveyor.config.base import PartChoice, Section, chooser, default_part
+from conveyor.registry import ADVANTAGES, BACKENDS, LOSSES
 
 # Same names as conveyor.trainer.losses.Reduction / KLEstimator (that module imports torch);
 # tests/trainer/test_engine.py checks they agree.
@@ -18,7 +19,8 @@ KLEstimatorName = Literal["k1", "k2", "k3"]
 
 
 class LossConfig(Section):
-    """The policy loss: PPO-clip with dual clip, reduction, truncated IS and a KL penalty."""
+    """The options of the built-in policy loss `ppo_clip` (`trainer.loss.options`): PPO-clip
+    with dual clip, reduction, truncated IS and a KL penalty."""
 
     reduction: LossReduction = Field(
         default="token_mean",
@@ -46,6 +48,16 @@ class LossConfig(Section):
     tis_cap: float | None = Field(default=2.0, gt=0, description="TIS weight cap; null: uncapped.")
     kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference weight.")
     kl_estimator: KLEstimatorName = Field(default="k3", description="KL estimator.")
+
+
+# Fields naming a part: `{name, options}` (or the name alone), checked by the part's own spec.
+AdvantageChoice = Annotated[
+    PartChoice, BeforeValidator(chooser(ADVANTAGES, "rl.advantage", "grpo"))
+]
+LossChoice = Annotated[PartChoice, BeforeValidator(chooser(LOSSES, "trainer.loss", "ppo_clip"))]
+BackendChoice = Annotated[
+    PartChoice, BeforeValidator(chooser(BACKENDS, "trainer.backend", "builtin"))
+]
 
 
 class LoraConfig(Section):
@@ -78,14 +90,15 @@ class TrainerConfig(Section):
     (the composition root passes both to the engine).
     """
 
-    backend: BackendName = Field(
-        default="builtin",
-        description="The training backend: 'builtin' (this PyTorch trainer), 'ray_fsdp' (it "
-        "as cluster.trainer_workers Ray actors, FSDP2; needs cluster.address), 'tinker' (the "
-        "Tinker service; pairs with engine.kind 'tinker'), 'verl' or 'skyrl' (their trainers "
-        "drive our rollouts), or one registered by a plugin. `conveyor backends` says which "
-        "are usable here. The settings below are the built-in trainer's; Tinker takes lr, "
-        "betas, eps, weight_decay, loss and lora.r.",
+    backend: BackendChoice = Field(
+        default_factory=default_part(BACKENDS, "trainer.backend", "builtin"),
+        description="The training backend, {name, options} or a name: 'builtin' (this PyTorch "
+        "trainer), 'ray_fsdp' (it as cluster.trainer_workers Ray actors, FSDP2; needs "
+        "cluster.address), 'tinker' (the Tinker service; pairs with engine.kind 'tinker'), or "
+        "one registered by a plugin, with options of its own. `conveyor backends` says which "
+        "are usable here, and lists VeRL and SkyRL-train, whose trainers drive our rollouts. "
+        "The settings below are the built-in trainer's; Tinker takes lr, betas, eps, "
+        "weight_decay, loss and lora.r.",
     )
     lr: float = Field(default=1e-6, ge=0, description="Peak learning rate of the RL updates.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
@@ -128,7 +141,12 @@ class TrainerConfig(Section):
     )
     device: str = Field(default="auto", description="auto (cuda if available) | cpu | cuda[:n].")
     seed: int = Field(default=0, description="Seed of the trainer's torch RNG.")
-    loss: LossConfig = Field(default_factory=LossConfig, description="The policy loss.")
+    loss: LossChoice = Field(
+        default_factory=default_part(LOSSES, "trainer.loss", "ppo_clip"),
+        description="The policy loss, {name, options} or a name: 'ppo_clip' (options: "
+        "reduction, clip_low, clip_high, dual_clip_c, norm_len, tis, tis_cap, kl_coef, "
+        "kl_estimator) or one registered by a plugin.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
 
 
@@ -261,12 +279,11 @@ class RLConfig(Section):
         description="Samples older than this many policy versions are dropped; in async mode "
         "also how many steps generation may run ahead of training.",
     )
-    advantage: AdvantageName = Field(
-        default="grpo",
-        description="Advantage estimator: a name in the advantage registry (grpo, rloo, "
-        "reinforce_pp, or one registered by a plugin).",
+    advantage: AdvantageChoice = Field(
+        default_factory=default_part(ADVANTAGES, "rl.advantage", "grpo"),
+        description="Advantage estimator, {name, options} or a name: grpo (options: "
+        "scale_by_std, eps), rloo, reinforce_pp, or one registered by a plugin.",
     )
-    scale_by_std: bool = Field(default=True, description="GRPO: divide by the group's std.")
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
     warm_start: WarmStartConfig = Field(
         default_factory=WarmStartConfig, description="The supervised warm start."

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from conveyor.config import ConveyorConfig, DispatchConfig
+from conveyor.registry import ENGINES
 
 # Seconds the dispatcher waits past the agent loop's own wall budget before cancelling a run stage.
 RUN_TIMEOUT_GRACE_S = 30.0
@@ -31,7 +32,7 @@ class DispatchSettings(DispatchConfig):
         # The loop's budget excludes engine waits, each bounded by the engine's request timeout;
         # it is checked before each turn, so the last turn's tool call may run past it.
         per_request = config.engine.request_timeout_s
-        if config.engine.kind == "openai":
+        if ENGINES.spec(config.engine.kind).needs_base_url:
             per_request += config.engine.reconnect_s  # a lost request waits for the server once
         engine_bound = agent.max_turns * per_request
         loop_bound = agent.rollout_timeout_s + agent.tool_timeout_s

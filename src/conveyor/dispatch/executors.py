@@ -20,7 +20,7 @@ class Executor(Protocol):
         ...
 
 
-@EXECUTORS.register("asyncio")
+@EXECUTORS.register("asyncio", in_process=True)
 class AsyncioExecutor:
     """The default: every stage runs as a coroutine on the dispatcher's own event loop."""
 

@@ -16,7 +16,7 @@ from conveyor.registry import STRATEGIES
 _QueueItem = tuple[int, int, RolloutJob]  # (retry first = 0 / fresh = 1, admission seq, job)
 
 
-@STRATEGIES.register("pipeline")
+@STRATEGIES.register("pipeline", run_pool="p_run")
 class PipelineDispatcher(Dispatcher):
     """Stage pools of width `p_init`, `p_run`, `p_reward` joined by priority queues.
 

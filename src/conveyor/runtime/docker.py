@@ -228,7 +228,7 @@ class DockerRuntime:
 DOCKER_WORKDIR = "/workspace"
 
 
-@RUNTIMES.register("docker")
+@RUNTIMES.register("docker", needs_image=True)
 def build_docker(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRuntime:
     """`runtime.kind: docker`: a container of `runtime.docker_image` with the request's
     workspace mounted at /workspace, its commands run as the workspace's owner (the container

@@ -125,7 +125,18 @@ async def swe_search_code(query: str, kind: str = "auto", *, ctx: ToolContext) -
     return str(await search_code.invoke({"query": query, "kind": kind}, ctx))
 
 
-@register_family
+# Workspace copy, patch application and sandbox start around the graded test run (seconds).
+GRADING_SETUP_S = 60.0
+
+
+def swe_reward_budget_s(options: SweOptions) -> float:
+    """The longest `score` may legitimately take: the configured test run's limit
+    (`grading.run_timeout_s`) plus set-up (the config check refuses a reward-stage timeout
+    below it)."""
+    return options.grading.run_timeout_s + GRADING_SETUP_S
+
+
+@register_family(options=SweOptions, reward_budget_s=swe_reward_budget_s)
 class SweFamily:
     """SWE tasks from factory (or user-supplied `pypi:`) rows; see the module doc."""
 
@@ -133,15 +144,11 @@ class SweFamily:
     # The kinds a rollout can run in (the first is auto's): a workspace on this host, with
     # commands sandboxed, plain or in a container.
     runtimes: tuple[str, ...] = ("bubblewrap", "local", "docker")
-    # Workspace copy, patch application and sandbox start around the graded test run (seconds).
-    grading_setup_s = 60.0
 
     @property
     def reward_budget_s(self) -> float:
-        """The longest `score` may legitimately take: the configured test run's limit
-        (`grading.run_timeout_s`) plus set-up (the config check refuses a reward-stage timeout
-        below it)."""
-        return self.grading.run_timeout_s + self.grading_setup_s
+        """The longest `score` may legitimately take (`swe_reward_budget_s`)."""
+        return swe_reward_budget_s(self.options)
 
     hint_policy = SweHintPolicy
 

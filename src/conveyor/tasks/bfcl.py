@@ -184,7 +184,7 @@ def _system_prompt() -> str:
 SYSTEM_PROMPT = _system_prompt()
 
 
-@register_family
+@register_family(options=BfclOptions)
 class BfclFamily:
     """BFCL v4 multi-turn entries; tools per instance (its classes' functions), a user turn
     after each text reply, graded by BFCL's multi-turn checker.

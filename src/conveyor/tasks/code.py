@@ -227,7 +227,12 @@ async def judge_answer(
     return Verdict(passed, outcome)
 
 
-@register_family
+def code_reward_budget_s(options: CodeOptions) -> float:
+    """The longest grading may take: the judge's limit plus sandbox start and kill."""
+    return options.grade_timeout_s + _JUDGE_GRACE_S + 15.0
+
+
+@register_family(options=CodeOptions, reward_budget_s=code_reward_budget_s)
 class CodeFamily:
     """HumanEval problems; tools `python` and `finish`; graded by the problem's tests in a
     fresh sandbox (see the module doc). Options: `CodeOptions`."""
@@ -250,8 +255,8 @@ class CodeFamily:
 
     @property
     def reward_budget_s(self) -> float:
-        """The longest grading may take: the judge's limit plus sandbox start and kill."""
-        return self.options.grade_timeout_s + _JUDGE_GRACE_S + 15.0
+        """The longest grading may take (`code_reward_budget_s`)."""
+        return code_reward_budget_s(self.options)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` problems of `split` in a seed-shuffled order; `ValueError` if there are fewer."""

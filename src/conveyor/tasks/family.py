@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 
 from conveyor.agent.tools import ToolRegistry
 from conveyor.config.sections import AUTO, RuntimeConfig
-from conveyor.registry import FAMILIES
+from conveyor.registry import FAMILIES, FamilySpec, NoOptions
 from conveyor.runtime.base import Runtime
 from conveyor.types import FamilyServices, Message, Task, ToolCall, Trajectory
 
@@ -162,19 +162,82 @@ def family_options(name: str, model: type[OptionsT], options: Mapping[str, Any])
 
 def family_info(name: str) -> dict[str, Any]:
     """`{"name", "splits", "source", "version"}` of a registered family (the `conveyor tasks
-    families --json` contract), read from the class without building it."""
-    factory = FAMILIES.get(name)
+    families --json` contract), read from its spec without building it."""
+    spec = FAMILIES.spec(name)
     return {
         "name": name,
-        "splits": list(getattr(factory, "splits", SPLIT_SHARES)),
-        "source": str(getattr(factory, "source", "generated")),
-        "version": str(getattr(factory, "version", "1")),
+        "splits": list(spec.splits),
+        "source": spec.source,
+        "version": spec.version,
     }
 
 
-def register_family(cls: type[F]) -> type[F]:
-    """Class decorator: make a family nameable in config under its `name` (`FAMILIES`)."""
-    return FAMILIES.register()(cls)
+_NOT_DECLARED = object()
+
+
+def _declared(cls: type, name: str, default: Any) -> Any:
+    """The class attribute `name` as the family class (or a base) declares it, else `default`:
+    read once, here, into the family's spec."""
+    for klass in cls.__mro__:
+        value = vars(klass).get(name, _NOT_DECLARED)
+        if value is not _NOT_DECLARED:
+            return value.__func__ if isinstance(value, classmethod | staticmethod) else value
+    return default
+
+
+def _bound(cls: type, function: Any) -> Any:
+    """A class method read from the class body, bound to `cls` again."""
+    return None if function is None else function.__get__(cls, cls)
+
+
+def register_family(
+    cls: type[F] | None = None,
+    /,
+    *,
+    options: type[BaseModel] = NoOptions,
+    reward_budget_s: Callable[[Any], float | None] | None = None,
+) -> Any:
+    """Class decorator (bare or with arguments): register a family under its `name` as a
+    `FamilySpec` (`FAMILIES`), so config validation and the run ask the spec, never an instance.
+
+    The spec takes the class's declarations: `runtimes` (a family whose constructor takes no
+    `runtime` has none), `splits`, `source`, `version`, `hint_policy` and the class method
+    `resolve_options`; and from the arguments: `options`, the model of its `tasks.options`
+    entry, and `reward_budget_s(options)`, the longest its grading may take given those options
+    (checked against `dispatch.reward_timeout_s` without building the family).
+    """
+
+    def decorator(family: type[F]) -> type[F]:
+        FAMILIES.add(family_spec(family, options=options, reward_budget_s=reward_budget_s))
+        return family
+
+    return decorator if cls is None else decorator(cls)
+
+
+def family_spec(
+    family: type,
+    *,
+    options: type[BaseModel] = NoOptions,
+    reward_budget_s: Callable[[Any], float | None] | None = None,
+) -> FamilySpec:
+    """The `FamilySpec` `register_family` registers for `family` (see there)."""
+    runtimes = _declared(family, "runtimes", None)
+    return FamilySpec(
+        name=_declared(family, "name", ""),
+        build=family,
+        options=options,
+        runtimes=tuple(runtimes) if runtimes is not None else None,
+        splits=tuple(_declared(family, "splits", tuple(SPLIT_SHARES))),
+        source=str(_declared(family, "source", "generated")),
+        version=str(_declared(family, "version", "1")),
+        hint_policy=_declared(family, "hint_policy", None),
+        reward_budget_s=reward_budget_s or _no_budget,
+        resolve_options=_bound(family, _declared(family, "resolve_options", None)),
+    )
+
+
+def _no_budget(options: Any) -> float | None:
+    return None
 
 
 def get_family(

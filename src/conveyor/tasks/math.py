@@ -405,7 +405,7 @@ def _system_prompt() -> str:
 SYSTEM_PROMPT = _system_prompt()
 
 
-@register_family
+@register_family(options=MathOptions)
 class MathFamily:
     """Generated exact-answer problems; tools `python` and `finish`; exact-match reward (see the
     module doc). Options: `MathOptions`."""

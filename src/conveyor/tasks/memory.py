@@ -172,7 +172,7 @@ def normalise(text: str) -> str:
     return " ".join(w for w in lowered.split() if w not in {"a", "an", "the"})
 
 
-@register_family
+@register_family(options=MemoryOptions)
 class MemoryFamily:
     """Read a generated expedition log chunk by chunk through a bounded memory; tools:
     `update_memory` and `finish`.

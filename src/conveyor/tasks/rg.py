@@ -119,7 +119,7 @@ def _system_prompt(with_python: bool) -> str:
     )
 
 
-@register_family
+@register_family(options=RgOptions)
 class RgFamily:
     """Reasoning-gym puzzles; tools `finish` (and `python` with the `python` option).
 

@@ -170,7 +170,7 @@ class SearchOptions(BaseModel):
         return self
 
 
-@register_family
+@register_family(options=SearchOptions)
 class SearchFamily:
     """Multi-hop questions over a generated encyclopedia; tools `search`, `open` and `finish`.
 

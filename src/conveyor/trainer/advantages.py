@@ -6,8 +6,9 @@ The baseline counts trajectories, never training samples: a trajectory split int
 each of its samples. Standard deviations are population ones (ddof=0) and `eps` keeps the
 division finite when every reward is equal; such a group or batch gets advantage 0, not NaN.
 
-Config names an estimator (`grpo`, `rloo`, `reinforce_pp`); `get_advantage(name, **options)`
-builds it. The math is in `docs/algorithms.md`.
+Config names an estimator with its options (`rl.advantage: {name: grpo, options: {scale_by_std:
+false}}`); each registers an `AdvantageSpec` whose options model checks them, and
+`get_advantage(name, **options)` builds it. The math is in `docs/algorithms.md`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.registry import ADVANTAGES
+from conveyor.registry import ADVANTAGES, NoOptions
 from conveyor.types import TrainingSample, TrajectoryGroup
 
 GroupRewards = Sequence[Sequence[float]]
@@ -39,17 +41,44 @@ class AdvantageEstimator(Protocol):
 E = TypeVar("E", bound=type[AdvantageEstimator])
 
 
-def register_advantage(name: str) -> Callable[[E], E]:
-    """Class decorator: make an estimator selectable by `name` in config (`ADVANTAGES`)."""
-    return ADVANTAGES.register(name)
+def register_advantage(name: str, options: type[BaseModel] = NoOptions) -> Callable[[E], E]:
+    """Class decorator: make an estimator selectable by `name` in config (`ADVANTAGES`), built
+    with the fields of `options` (its `rl.advantage.options`) as keyword arguments."""
+    return ADVANTAGES.register(name, options=options)
 
 
-def get_advantage(name: str, **options: float | bool) -> AdvantageEstimator:
-    """The estimator registered as `name`, built with `options` (unknown ones are an error)."""
-    return ADVANTAGES.get(name)(**options)
+def get_advantage(name: str, **options: Any) -> AdvantageEstimator:
+    """The estimator registered as `name`, built with `options` checked by its options model
+    (a `ValueError` names an unknown or bad one)."""
+    return build_advantage(name, options)
 
 
-@register_advantage("grpo")
+def build_advantage(name: str, options: BaseModel | dict[str, Any]) -> AdvantageEstimator:
+    """The estimator `name` with `options` (`rl.advantage.options`, or a plain mapping)."""
+    spec = ADVANTAGES.spec(name)
+    checked = spec.validate_options(options, "rl.advantage.options")
+    estimator: AdvantageEstimator = spec.build(**dict(checked))
+    return estimator
+
+
+class GRPOOptions(BaseModel):
+    """`rl.advantage.options` of `grpo`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    scale_by_std: bool = Field(default=True, description="Divide by the group's std.")
+    eps: float = Field(default=1e-6, ge=0, description="Added to the std before dividing.")
+
+
+class ReinforcePPOptions(BaseModel):
+    """`rl.advantage.options` of `reinforce_pp`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    eps: float = Field(default=1e-6, ge=0, description="Added to the std before dividing.")
+
+
+@register_advantage("grpo", GRPOOptions)
 @dataclass(frozen=True)
 class GRPO:
     """Group-normalised advantage: `(r - mean(group)) / (std(group) + eps)`.
@@ -101,7 +130,7 @@ class RLOO:
         return out
 
 
-@register_advantage("reinforce_pp")
+@register_advantage("reinforce_pp", ReinforcePPOptions)
 @dataclass(frozen=True)
 class ReinforcePP:
     """REINFORCE++-style global baseline: `(r - mean(batch)) / (std(batch) + eps)`.

@@ -6,10 +6,12 @@ hands its new weights to the sampling side (`sync_to`). The built-in `TorchTrain
 (`conveyor.trainer.engine`) implements it; the Tinker bridge implements the same methods. The
 loop talks to a backend only through this protocol.
 
-`trainer.backend` names a `BackendSpec` in `conveyor.registry.BACKENDS`: what a backend is
-(`info`, for `conveyor backends`), which engines it can sync into (`refusal`), and how to build
-it. Backends whose own trainer drives our rollouts (VeRL, SkyRL-train) are specs too: their
-`build` says how to run them, since their loop is not ours.
+`trainer.backend` names a `conveyor.registry.BackendSpec` in `BACKENDS`: what a backend is
+(`info`, for `conveyor backends`), which engines it can sync into (`refusal`), how to build it,
+and what the app asks of it (its sampler, whether it exports a model folder, runs on a
+cluster, can run the warm start). `register_backend` makes that spec from a `BackendMaker`.
+Trainers that drive our rollouts instead (VeRL, SkyRL-train) are no backends: they are listed
+as external drivers (`conveyor.bridges.drivers`).
 
 This module imports no torch: `Tensor` appears in annotations only.
 """
@@ -21,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from pydantic import BaseModel
+
+from conveyor.registry import BACKENDS, BackendSpec, NoOptions
 from conveyor.types import TrainingSample
 
 if TYPE_CHECKING:
@@ -231,13 +236,9 @@ class BackendInfo:
 
 
 @runtime_checkable
-class BackendSpec(Protocol):
-    """A training backend as `trainer.backend` names it (see `conveyor.registry.BACKENDS`).
-
-    A spec whose weights only its own sampler can serve may also have a class attribute
-    `engine_kind` (Tinker's: "tinker"): a config that leaves `engine.kind` unset then samples
-    with it, so changing `trainer.backend` alone moves the config.
-    """
+class BackendMaker(Protocol):
+    """What a training backend's module provides; `register_backend` turns it into the
+    `BackendSpec` that `trainer.backend` names."""
 
     def info(self) -> BackendInfo:
         """Its version, what it supports here, and why not where it does not; cheap, and
@@ -255,6 +256,38 @@ class BackendSpec(Protocol):
         """The backend, starting from the weights in `model_dir`, trained with `settings`;
         `BackendUnavailable` when it cannot run here."""
         ...
+
+
+def register_backend(
+    name: str,
+    maker: BackendMaker,
+    *,
+    options: type[BaseModel] = NoOptions,
+    sampler: str | None = None,
+    exports_model: bool = False,
+    distributed: bool = False,
+    warm_start: bool = False,
+    summary: str = "",
+) -> BackendSpec:
+    """Register `maker` as the training backend `name`, with what the app asks of it (see
+    `conveyor.registry.BackendSpec`): `sampler`, the engine kind it brings (a config that
+    leaves `engine.kind` unset samples with it, so changing `trainer.backend` alone moves the
+    config); `exports_model`, `distributed`, `warm_start`. `options` is the model of
+    `trainer.backend.options` (the backend reads them from `config.trainer.backend.options`)."""
+    return BACKENDS.add(
+        BackendSpec(
+            name=name,
+            build=maker.build,
+            info=maker.info,
+            refusal=maker.refusal,
+            options=options,
+            sampler=sampler,
+            exports_model=exports_model,
+            distributed=distributed,
+            warm_start=warm_start,
+            summary=summary,
+        )
+    )
 
 
 def logprob_agreement(

@@ -13,12 +13,11 @@ from typing import Any
 
 from conveyor.config import ConveyorConfig, TrainerConfig
 from conveyor.engines.base import WeightReceiver
-from conveyor.registry import BACKENDS
-from conveyor.trainer.backend import BackendInfo, TrainingBackend
+from conveyor.trainer.backend import BackendInfo, TrainingBackend, register_backend
 
 
 class BuiltinBackend:
-    """The `BackendSpec` of the built-in trainer."""
+    """The `BackendMaker` of the built-in trainer."""
 
     def info(self) -> BackendInfo:
         """Always usable for training and evaluation where torch is installed."""
@@ -63,4 +62,4 @@ class BuiltinBackend:
         )
 
 
-BACKENDS.add("builtin", BuiltinBackend())
+register_backend("builtin", BuiltinBackend(), exports_model=True, warm_start=True)

@@ -45,7 +45,7 @@ from conveyor.trainer import checkpoint
 from conveyor.trainer.backend import StepResult, TrainBatch
 from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
 from conveyor.trainer.fsdp import all_reduce_floats, full_tensor, shard_model, world
-from conveyor.trainer.losses import policy_loss
+from conveyor.trainer.policy_losses import build_loss
 from conveyor.types import TrainingSample
 
 __all__ = [
@@ -137,6 +137,7 @@ class TorchTrainingEngine:
         from transformers import AutoModelForCausalLM
 
         self.settings = settings = settings or TrainerConfig()
+        self.loss = build_loss(settings.loss)
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         if settings.schedule != "constant" and total_steps is None:
@@ -196,17 +197,16 @@ class TorchTrainingEngine:
             "seq_mean_token_mean": max(sum(1 for c in counts if c), 1),
             "seq_mean_token_sum_norm": len(items),
         }
-        loss_settings = self.settings.loss
-        norm_len = loss_settings.norm_len or max(lengths)
-        # The divisor is fixed for the whole batch, so micro-batching does not change the loss.
-        batch_loss = loss_settings.model_copy(update={"norm_len": norm_len})
-        # A sample with advantage 0 and no KL term has exactly zero gradient (every policy-loss
-        # term is a multiple of its advantage): it counts in the denominators above but is not
-        # forwarded. With GRPO that skips every group whose rewards are all equal.
+        loss_fn = self.loss
+        norm_len = max(lengths)
+        # A sample with advantage 0 has exactly zero gradient under a loss that says so (PPO
+        # without a KL term: every term is a multiple of its advantage): it counts in the
+        # denominators above but is not forwarded. With GRPO that skips every group whose
+        # rewards are all equal.
         active = [
             i
             for i, (_, advantage) in enumerate(items)
-            if advantage != 0.0 or loss_settings.kl_coef > 0.0
+            if advantage != 0.0 or not loss_fn.zero_advantage_is_idle
         ]
         plan = [
             MicroBatch(tuple(active[j] for j in micro.indices), micro.padded_length)
@@ -223,18 +223,17 @@ class TorchTrainingEngine:
             tensors = self._collate(batch, micro)
             logprobs = self._logprobs(tensors.input_ids, tensors.loss_mask)
             old = logprobs.detach()
-            loss, metrics = policy_loss(
+            loss, metrics = loss_fn(
                 logprobs,
                 old,
                 tensors.advantages,
                 tensors.loss_mask,
-                batch_loss,
-                behaviour_logprobs=tensors.behaviour if loss_settings.tis else None,
+                norm_len=norm_len,
+                behaviour_logprobs=tensors.behaviour if loss_fn.uses_behaviour else None,
                 ref_logprobs=tensors.ref,
             )
             weight = (
-                _micro_weight(loss_settings.reduction, micro, counts)
-                / denominators[loss_settings.reduction]
+                _micro_weight(loss_fn.reduction, micro, counts) / denominators[loss_fn.reduction]
             )
             (loss * (weight * self.world_size)).backward()
             totals.loss += float(loss.detach()) * weight

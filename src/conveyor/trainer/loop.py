@@ -37,7 +37,7 @@ from conveyor.dispatch.factory import make_dispatcher
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.trainer.advantages import (
     assign_to_samples,
-    get_advantage,
+    build_advantage,
     group_rewards,
     shuffled_rewards,
 )
@@ -146,10 +146,7 @@ class RLLoop:
             min_partial_size=groups.min_partial_size,
             filter_zero_variance_groups=groups.filter_zero_variance,
         )
-        options: dict[str, float | bool] = {}
-        if self.rl.advantage == "grpo":
-            options["scale_by_std"] = self.rl.scale_by_std
-        self.estimator = get_advantage(self.rl.advantage, **options)
+        self.estimator = build_advantage(self.rl.advantage.name, self.rl.advantage.options)
 
     # -- rollouts -----------------------------------------------------------------------------
     async def collect(self, tasks: Sequence[Task], step: int) -> Collected:

@@ -1,5 +1,8 @@
 """The policy-gradient loss: PPO-clip with dual clip, three reductions, TIS and a KL penalty.
 
+It is the built-in loss `ppo_clip` (registered in `conveyor.trainer.policy_losses`, which imports
+no torch); `reduce_tokens` and `token_mean` serve a loss of one's own too.
+
 All per-token tensors are [B, T] and aligned with the input ids: position t holds the logprob of
 token t (see `sequence_logprobs`), and `loss_mask` is 1 exactly where a token was sampled by the
 policy. Masked positions are replaced by zeros before any arithmetic, so padding logprobs such as
@@ -142,23 +145,27 @@ def policy_loss(
         if settings.tis_cap is not None:
             weight = torch.clamp(weight, max=settings.tis_cap)
         per_token = per_token * weight
-        metrics["tis_weight_mean"] = _token_mean(weight, mask)
+        metrics["tis_weight_mean"] = token_mean(weight, mask)
     if ref_logprobs is not None:
         kl = kl_penalty(logprobs, masked(ref_logprobs.detach()), settings.kl_estimator)
         per_token = per_token + kl_coef * kl
-        metrics["kl"] = _token_mean(kl, mask)
+        metrics["kl"] = token_mean(kl, mask)
 
-    loss = _reduce(masked(per_token), mask, reduction, norm_len)
+    loss = reduce_tokens(masked(per_token), mask, reduction, norm_len)
     metrics.update(
-        clip_fraction=_token_mean(clipped > unclipped, mask),
-        dual_clip_fraction=_token_mean(dual_clipped, mask),
-        approx_kl=_token_mean((ratio - 1.0) - log_ratio, mask),
-        ratio_mean=_token_mean(ratio, mask),
+        clip_fraction=token_mean(clipped > unclipped, mask),
+        dual_clip_fraction=token_mean(dual_clipped, mask),
+        approx_kl=token_mean((ratio - 1.0) - log_ratio, mask),
+        ratio_mean=token_mean(ratio, mask),
     )
     return loss, metrics
 
 
-def _reduce(per_token: Tensor, mask: Tensor, reduction: Reduction, norm_len: int | None) -> Tensor:
+def reduce_tokens(
+    per_token: Tensor, mask: Tensor, reduction: Reduction, norm_len: int | None
+) -> Tensor:
+    """The loss of per-token terms under `reduction` (a loss of one's own reduces with it, so
+    the built-in trainer's micro-batch weights stay right: `PolicyLoss.reduction`)."""
     # per_token is already 0 at masked positions; an all-masked batch gives a 0 loss in the graph
     if reduction == "token_mean":
         return per_token.sum() / mask.sum().clamp(min=1)
@@ -172,7 +179,7 @@ def _reduce(per_token: Tensor, mask: Tensor, reduction: Reduction, norm_len: int
     return sums.sum() / length / max(per_token.shape[0], 1)
 
 
-def _token_mean(values: Tensor, mask: Tensor) -> float:
+def token_mean(values: Tensor, mask: Tensor) -> float:
     with torch.no_grad():
         count = int(mask.sum())
         if count == 0:

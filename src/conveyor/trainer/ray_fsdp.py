@@ -32,8 +32,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.config import ConveyorConfig, TrainerConfig
 from conveyor.config.cluster import ClusterConfig
 from conveyor.engines.base import WeightFingerprint, WeightReceiver
-from conveyor.registry import BACKENDS
-from conveyor.trainer.backend import BackendInfo, StepResult, TrainBatch, TrainingBackend
+from conveyor.trainer.backend import (
+    BackendInfo,
+    StepResult,
+    TrainBatch,
+    TrainingBackend,
+    register_backend,
+)
 from conveyor.types import TrainingSample
 
 if TYPE_CHECKING:
@@ -349,4 +354,6 @@ class RayFsdpBackend:
         )
 
 
-BACKENDS.add("ray_fsdp", RayFsdpBackend())
+register_backend(
+    "ray_fsdp", RayFsdpBackend(), exports_model=True, distributed=True, warm_start=True
+)

@@ -141,7 +141,12 @@ def batch() -> TrainBatch:
 
 def trainer(**loss: Any) -> TrainerConfig:
     return TrainerConfig(
-        lr=3e-5, betas=[0.8, 0.95], eps=1e-7, weight_decay=0.01, max_grad_norm=2.0, loss=loss
+        lr=3e-5,
+        betas=[0.8, 0.95],
+        eps=1e-7,
+        weight_decay=0.01,
+        max_grad_norm=2.0,
+        loss={"options": loss},
     )
 
 
@@ -292,12 +297,12 @@ def test_engine_and_backend_need_the_api_key(
     assert ENGINES.get("tinker") is build_tinker_engine
     with pytest.raises(EngineError, match=r"\$TINKER_API_KEY"):
         build_tinker_engine(config(served_model_name="Qwen/Qwen3-4B"), tmp_path)
-    spec = BACKENDS.get("tinker")
-    assert isinstance(spec, TinkerSpec)
+    spec = BACKENDS.spec("tinker")
+    assert spec.sampler == "tinker"
     info = spec.info()
     assert info.version == "0.38.0" and not info.train and "TINKER_API_KEY" in info.reason
     with pytest.raises(BackendUnavailable, match="TINKER_API_KEY"):
-        spec.build(config(), tmp_path, TrainerConfig(loss={"dual_clip_c": None}))
+        spec.build(config(), tmp_path, TrainerConfig(loss={"options": {"dual_clip_c": None}}))
     monkeypatch.setenv("TINKER_API_KEY", "k")
     with pytest.raises(BackendUnavailable, match="served_model_name"):
         spec.build(config(), tmp_path, TrainerConfig())

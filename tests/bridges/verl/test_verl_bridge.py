@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.bridges.drivers import EXTERNAL_DRIVERS
 from conveyor.bridges.report import BridgeUnavailable
-from conveyor.bridges.verl import VENV_ENV, check
+from conveyor.bridges.verl import VENV_ENV, VerlSpec, check
 from conveyor.bridges.verl.dataset import AGENT_NAME, rows
 from conveyor.bridges.verl.sequence import VerlSequence
 from conveyor.config import ConveyorConfig
@@ -68,7 +69,8 @@ def test_sequence_keeps_the_first_sample_and_counts_the_dropped_ones() -> None:
 
 
 def test_spec_says_vERL_drives_training_and_build_says_how() -> None:
-    spec = BACKENDS.get("verl")
+    assert "verl" not in BACKENDS  # an external driver (`conveyor.bridges.drivers`)
+    spec = VerlSpec()
     info = spec.info()
     assert (info.name, info.train, info.eval) == ("verl", False, False)
     assert "FSDP" in info.sync and "CUDA GPU" in info.reason
@@ -81,7 +83,7 @@ def test_check_is_unavailable_without_the_venv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(VENV_ENV, str(tmp_path / "nowhere"))
-    assert BACKENDS.get("verl").info().version is None
+    assert EXTERNAL_DRIVERS["verl"]().version is None
     with pytest.raises(BridgeUnavailable, match=r"venv-verl\.sh"):
         check(tmp_path / "t.jsonl")
 

@@ -1,4 +1,4 @@
-"""`trainer.backend: skyrl`: SkyRL-train drives the loop, our dispatcher makes its rollouts.
+"""SkyRL-train, an external driver: it drives the loop, our dispatcher makes its rollouts.
 
 SkyRL-train (`skyrl` on PyPI) trains on what its generator returns; `ConveyorGenerator`
 (`generator.py`) is that generator, running each batch through our dispatcher. SkyRL needs
@@ -22,7 +22,6 @@ from conveyor.bridges.skyrl.generator import (
     to_generator_output,
 )
 from conveyor.bridges.skyrl.wheel import SKYRL_VERSION, cached_wheel
-from conveyor.registry import BACKENDS
 from conveyor.trainer.backend import BackendInfo, BackendUnavailable, TrainingBackend
 
 if TYPE_CHECKING:
@@ -63,7 +62,8 @@ def skyrl_version() -> str | None:
 
 
 class SkyrlSpec:
-    """The `BackendSpec` of SkyRL-train: described and checked here, run by SkyRL itself."""
+    """SkyRL-train as an external driver (`conveyor.bridges.drivers`): described and checked
+    here, run by SkyRL itself."""
 
     def info(self) -> BackendInfo:
         """Neither train nor eval through `conveyor train`/`eval`: SkyRL's trainer is the
@@ -86,6 +86,3 @@ class SkyrlSpec:
     ) -> TrainingBackend:
         """Never buildable here; the error says how SkyRL runs our rollouts instead."""
         raise BackendUnavailable(HOW_TO)
-
-
-BACKENDS.add("skyrl", SkyrlSpec())

@@ -12,9 +12,10 @@ from conveyor.bridges.tinker.backend import TinkerBackend
 from conveyor.bridges.tinker.sampling import TinkerSamplingClient, build_tinker_engine
 from conveyor.bridges.tinker.spec import TinkerSpec
 from conveyor.bridges.tinker.wire_check import check
-from conveyor.registry import BACKENDS, ENGINES
+from conveyor.registry import ENGINES, EngineSpec
+from conveyor.trainer.backend import register_backend
 
 __all__ = ["TinkerBackend", "TinkerSamplingClient", "TinkerSpec", "check"]
 
-BACKENDS.add("tinker", TinkerSpec())
-ENGINES.add("tinker", build_tinker_engine)
+register_backend("tinker", TinkerSpec(), sampler="tinker")
+ENGINES.add(EngineSpec(name="tinker", build=build_tinker_engine, weight_updates=True))

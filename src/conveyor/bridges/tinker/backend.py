@@ -21,6 +21,7 @@ from conveyor.bridges.tinker.sampling import TinkerSamplingClient
 from conveyor.config import TrainerConfig
 from conveyor.engines.base import WeightFingerprint
 from conveyor.trainer.backend import StepResult, TrainBatch, logprob_agreement
+from conveyor.trainer.policy_losses import ppo_clip_settings
 from conveyor.types import TrainingSample
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class TinkerBackend:
     ) -> None:
         self._client = training_client
         self._settings = settings
-        self._plan = encoding.plan_loss(settings.loss)  # refuses unsupported keys at build
+        self._loss = ppo_clip_settings(settings.loss, "trainer.backend tinker")
+        self._plan = encoding.plan_loss(self._loss)  # refuses unsupported keys at build
         self._name = name
         self._version = 0
 
@@ -76,11 +78,11 @@ class TinkerBackend:
         plan, settings = self._plan, self._settings
         if not batch.items:
             raise ValueError("an empty batch cannot make an update")
-        if settings.loss.kl_coef and batch.ref_logprobs is None:
+        if self._loss.kl_coef and batch.ref_logprobs is None:
             raise ValueError("trainer.loss.kl_coef is set but the batch has no ref_logprobs")
-        data = encoding.batch_datums(batch, settings.loss, plan)
+        data = encoding.batch_datums(batch, self._loss, plan)
         if plan.loss_fn == "custom":
-            loss_fn = encoding.custom_loss_fn(settings.loss, batch.ref_logprobs)
+            loss_fn = encoding.custom_loss_fn(self._loss, batch.ref_logprobs)
             pending = self._client.forward_backward_custom(data, loss_fn)
         else:
             pending = self._client.forward_backward(data, plan.loss_fn, plan.loss_fn_config or None)

@@ -97,7 +97,7 @@ def norm_length(samples: Sequence[TrainingSample], settings: LossConfig) -> int:
 
 def token_scales(samples: Sequence[TrainingSample], settings: LossConfig) -> list[float]:
     """Per sample, the factor on each of its trained tokens that turns a plain sum over the
-    batch into `settings.reduction` (`conveyor.trainer.losses._reduce`)."""
+    batch into `settings.reduction` (`conveyor.trainer.losses.reduce_tokens`)."""
     counts = [sum(1 for m in s.loss_mask if m) for s in samples]
     if settings.reduction == "token_mean":
         total = max(sum(counts), 1)

@@ -12,16 +12,14 @@ from conveyor.bridges.tinker.sampling import TinkerSamplingClient, api_key, base
 from conveyor.config import ConveyorConfig, TrainerConfig
 from conveyor.engines.base import EngineError
 from conveyor.trainer.backend import BackendInfo, BackendUnavailable, TrainingBackend
+from conveyor.trainer.policy_losses import ppo_clip_settings
 
 INSTALL = "pip install tinker==0.38.0"
 
 
 class TinkerSpec:
-    """The `BackendSpec` of the Tinker service: LoRA training there, sampling there."""
-
-    # The sampler this backend brings: a config that names trainer.backend tinker and leaves
-    # engine.kind unset samples from the service (the composition root reads it).
-    engine_kind = "tinker"
+    """The `BackendMaker` of the Tinker service: LoRA training there, sampling there (it is
+    registered with the `tinker` engine as its sampler)."""
 
     def info(self) -> BackendInfo:
         """Usable where the SDK is installed and `TINKER_API_KEY` is set (the service itself
@@ -75,7 +73,8 @@ class TinkerSpec:
         from conveyor.bridges.tinker.backend import TinkerBackend
         from conveyor.bridges.tinker.datums import plan_loss
 
-        plan_loss(settings.loss)  # a loss Tinker cannot run is refused before any request
+        # a loss Tinker cannot run is refused before any request
+        plan_loss(ppo_clip_settings(settings.loss, "trainer.backend tinker"))
         try:
             import tinker
         except ImportError:

@@ -1,4 +1,4 @@
-"""The VeRL bridge: VeRL's trainer drives our rollouts (`trainer.backend: verl`).
+"""The VeRL bridge: VeRL's trainer drives our rollouts (an external driver, not a backend).
 
 VeRL (`verl==0.9.1`) owns the training loop, the FSDP workers and the rollout servers; we give it
 an agent loop (`conveyor.bridges.verl.agent_loop`, registered as `conveyor`) and a dataset of our
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import conveyor
 from conveyor.bridges.report import BridgeUnavailable, CheckReport
-from conveyor.registry import BACKENDS
 from conveyor.trainer.backend import BackendInfo, BackendUnavailable, TrainingBackend
 
 if TYPE_CHECKING:
@@ -65,7 +64,8 @@ def installed_version() -> str | None:
 
 
 class VerlSpec:
-    """`trainer.backend: verl`: what `conveyor backends` says of it; `build` says how to run."""
+    """VeRL as an external driver (`conveyor.bridges.drivers`): what `conveyor backends` says
+    of it; `build` and `refusal` say how to run it instead."""
 
     def info(self) -> BackendInfo:
         """Version in `.venv-verl` (None when not built); never trainable by `conveyor train`."""
@@ -110,6 +110,3 @@ def check(trajectories: Path, *, model: str | None = None) -> CheckReport:
             f"the VeRL check failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
         )
     return CheckReport.from_json(json.loads(lines[-1]))
-
-
-BACKENDS.add("verl", VerlSpec())

@@ -209,7 +209,7 @@ def _mentions(text: str, needle: str) -> bool:
     return re.search(pattern, text) is not None
 
 
-@register_family
+@register_family(options=Tau2Options)
 class Tau2Family:
     """tau2-bench airline and retail; tools per domain, a simulated customer, DB + info reward.
 

@@ -191,7 +191,27 @@ class TerminalRuntime(RuntimeWrapper[TerminalSandbox]):
             await run_in_pool("init", self.task_workspace.remove)
 
 
-@register_family
+def terminal_reward_budget_s(options: TerminalOptions) -> float | None:
+    """The longest grading may take: the slowest verifier's limit among the task folders the
+    options name, plus set-up (read from their task.toml files; nothing is built). None when a
+    folder cannot be read: the family refuses it when the run builds it."""
+    try:
+        tasks = [load_task(folder) for folder in task_folders(options)]
+    except ValueError:
+        return None
+    slowest = max((t.verifier_timeout_s for t in tasks), default=0.0)
+    return slowest + _GRADING_SETUP_S
+
+
+def task_folders(options: TerminalOptions) -> list[Path]:
+    """The Harbor task folders `options` name: the shipped ones (unless `shipped: false`) and
+    every folder under `dirs`."""
+    roots = [shipped_dir(), generated_dir()] if options.shipped else []
+    roots += [Path(p).expanduser() for p in options.dirs]
+    return [folder for root in roots for folder in find_task_dirs(root)]
+
+
+@register_family(options=TerminalOptions, reward_budget_s=terminal_reward_budget_s)
 class TerminalFamily:
     """Harbor task folders solved with `bash`; see the module doc."""
 
@@ -227,9 +247,7 @@ class TerminalFamily:
         return slowest + _GRADING_SETUP_S
 
     def _folders(self) -> list[Path]:
-        roots = [shipped_dir(), generated_dir()] if self.options.shipped else []
-        roots += [Path(p).expanduser() for p in self.options.dirs]
-        return [folder for root in roots for folder in find_task_dirs(root)]
+        return task_folders(self.options)
 
     def _add(self, task: HarborTask) -> None:
         if task.name in self.tasks:
