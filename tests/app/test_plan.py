@@ -46,9 +46,9 @@ def _warm_start_folder(tmp_path: Path) -> Path:
             "rl.warm_start.steps=8 with trainer.backend 'tinker'",
         ),
         (
-            ["trainer.backend=verl", "rl.warm_start.steps=0"],
+            ["trainer.backend=tinker", "engine.kind=vllm", "rl.warm_start.steps=0"],
             ConfigError,
-            "trainer.backend 'verl' cannot train here",
+            "trainer.backend 'tinker' cannot train here",
         ),
         (
             ["rl.warm_start.from_run=/nowhere/at/all"],
