@@ -2,6 +2,9 @@
 
 Real pieces throughout: the embedded model on in-process vLLM, oracle-trace warm start, one RL
 step through the dispatcher with in-place weight sync, held-out evaluations, export, resume.
+
+The smoke run is made once per file (`smoke_run`): the contract-file test reads and resumes it,
+and the lr=0 arm reuses its warm start (it used to make a second, identical run for that).
 """
 
 from __future__ import annotations
@@ -35,9 +38,20 @@ def train(*extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, timeout=1200)
 
 
-def test_quickstart_smoke_writes_the_contract_files(tmp_path: Path, model_dir: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = train(f"run.dir={run_dir}")
+@pytest.fixture(scope="module")
+def smoke_run(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One finished smoke run (SMALL) and what its command printed."""
+    del model_dir  # prepared first: the run starts from it
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    return run_dir, train(f"run.dir={run_dir}")
+
+
+def test_quickstart_smoke_writes_the_contract_files(
+    smoke_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    run_dir, result = smoke_run
     assert result.returncode == 0, result.stderr[-4000:]
     assert Path(result.stdout.strip().splitlines()[-1]) == run_dir
     for name in ("eval_before.json", "eval_after_sft.json", "eval_after.json"):
@@ -73,12 +87,14 @@ def test_quickstart_smoke_writes_the_contract_files(tmp_path: Path, model_dir: P
     assert steps == [1]
 
 
-def test_an_lr0_arm_reuses_the_warm_start_through_the_cli(tmp_path: Path, model_dir: Path) -> None:
+def test_an_lr0_arm_reuses_the_warm_start_through_the_cli(
+    tmp_path: Path, smoke_run: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     """`rl.warm_start.from_run`: the arm trains no warm start of its own, starts RL from the
     source's `sft_model/` (byte for byte) and pairs its RL share on the source's warm-start
-    evaluation."""
-    source = tmp_path / "source"
-    first = train(f"run.dir={source}")
+    evaluation. The source is the finished smoke run; the copies are compared with it as the
+    arm found it."""
+    source, first = smoke_run
     assert first.returncode == 0, first.stderr[-4000:]
     arm = tmp_path / "lr0"
     result = train(f"run.dir={arm}", f"rl.warm_start.from_run={source}", "trainer.lr=0")
