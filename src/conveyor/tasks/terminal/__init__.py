@@ -2,7 +2,7 @@
 
 Tasks are folders in the Harbor format (see `harbor`): our own shell and Python chores (12 chores x
 12 variants: variant 00 of each shipped in `data/`, the rest written into the cache on first use,
-all by `conveyor.tasks.terminal_chores`), plus any folders named by the `dirs`
+all by `conveyor.tasks.terminal.chores`), plus any folders named by the `dirs`
 option, run unchanged. Each rollout runs in bubblewrap when the folder's Dockerfile is a plain
 base with only `COPY`/`WORKDIR`/`ENV` (`sandbox`), else in docker where an engine answers
 (`docker_env`). A folder that can run in neither is an error when the family is built (option
@@ -60,6 +60,7 @@ from conveyor.tasks.family import (
     split_of,
     task_id,
 )
+from conveyor.tasks.terminal.chores import SHIPPED_VARIANTS, VARIANTS, write_folders
 from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
 from conveyor.tasks.terminal.harbor import HarborTask, find_task_dirs, load_task
 from conveyor.tasks.terminal.sandbox import (
@@ -69,7 +70,6 @@ from conveyor.tasks.terminal.sandbox import (
     run_verifier,
     template_for,
 )
-from conveyor.tasks.terminal_chores import SHIPPED_VARIANTS, VARIANTS, write_folders
 from conveyor.types import Task, ToolCall, Trajectory
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def shipped_dir() -> Path:
 
 
 def generated_dir() -> Path:
-    """The chores' other variants (01 ..), written by `conveyor.tasks.terminal_chores` into the
+    """The chores' other variants (01 ..), written by `conveyor.tasks.terminal.chores` into the
     cache once per family version and moved into place whole, so a crash or a concurrent
     process never leaves a half-written set behind."""
     root = cache_root() / f"chores-v{TerminalFamily.version}-{SHIPPED_VARIANTS}-{VARIANTS}"
