@@ -60,7 +60,7 @@ BEGIN = (
 # expected database is the initial one) and that require no information: nothing to verify.
 # The test suite checks this list against the recorded original results.
 _REFUSED_WRITES = {"retail": frozenset({"12", "105"}), "airline": frozenset[str]()}
-_TOOLS = {"airline": airline, "retail": retail}
+_TOOLS = {tools.domain: tools for tools in (airline.AIRLINE, retail.RETAIL)}
 _SPLIT_SALT = "tau2/eval-or-test/"
 
 
@@ -118,7 +118,7 @@ def verifiable(source: _Source) -> bool:
     that the original tools accept changes the database."""
     if source.info:
         return True
-    writes = _TOOLS[source.domain].WRITES
+    writes = _TOOLS[source.domain].writes
     if source.source_id in _REFUSED_WRITES[source.domain]:
         return False
     return any(action["name"] in writes for action in source.actions)
@@ -289,7 +289,7 @@ class Tau2Family:
         """Every tool of every served domain (a rollout sees only its domain's: `tools_for`)."""
         seen: dict[str, Any] = {}
         for domain in self.options.domains:
-            for item in _TOOLS[domain].TOOLS:
+            for item in _TOOLS[domain].tools:
                 seen.setdefault(item.name, item)
         return ToolRegistry(seen.values())
 
