@@ -19,8 +19,14 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
-from conveyor.tasks.family import register_family, sample_instances, task_id
+from conveyor.runtime.selection import RuntimeRequest, start_runtime
+from conveyor.tasks.family import (
+    instance_task,
+    opening,
+    register_family,
+    runtime_choice,
+    sample_instances,
+)
 from conveyor.tasks.python_ast import parse_expression
 from conveyor.types import Task, ToolCall
 
@@ -287,8 +293,7 @@ class ArithmeticFamily:
     runtimes: tuple[str, ...] = ("simulated",)
 
     def __init__(self, runtime: RuntimeConfig | None = None) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct problems of `split`, deterministic in (n, seed, split)."""
@@ -299,15 +304,12 @@ class ArithmeticFamily:
 
         problems = sample_instances(self.name, n, seed, split, draw)
         return [
-            Task(
-                id=task_id(self.name, split, index),
-                family=self.name,
-                prompt=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": problem.question},
-                ],
-                data={"answer": problem.answer, "steps": problem.steps},
-                split=split,
+            instance_task(
+                self.name,
+                split,
+                index,
+                opening(SYSTEM_PROMPT, problem.question),
+                {"answer": problem.answer, "steps": problem.steps},
             )
             for index, problem in enumerate(problems)
         ]

@@ -25,7 +25,6 @@ force-quit limit of tool-calling replies in one user turn, default 20).
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -51,11 +50,14 @@ from conveyor.tasks.family import (
     SPLIT_SHARES,
     FamilyServices,
     Grade,
+    check_split,
     family_options,
+    instance_task,
+    opening,
     register_family,
     say,
+    shuffled_pool,
     split_of,
-    task_id,
 )
 from conveyor.types import Task, ToolCall, Trajectory
 
@@ -204,8 +206,7 @@ class BfclFamily:
 
     def entries(self, split: str) -> list[Entry]:
         """Every entry of the chosen categories in `split`, in dataset order."""
-        if split not in SPLIT_SHARES:
-            raise ValueError(f"unknown split '{split}'; expected one of {', '.join(SPLIT_SHARES)}")
+        check_split(split)
         return [
             entry
             for category in self.options.categories
@@ -216,25 +217,22 @@ class BfclFamily:
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` entries of `split` in an order fixed by `seed` (a larger `n` extends a smaller
         one); `ValueError` when the split holds fewer."""
-        pool = self.entries(split)
-        if n < 0 or n > len(pool):
-            raise ValueError(
-                f"task family 'bfcl' has {len(pool)} '{split}' instances in categories "
+        pool = shuffled_pool(
+            self.name,
+            self.entries(split),
+            n,
+            seed,
+            split,
+            lambda held: (
+                f"task family 'bfcl' has {held} '{split}' instances in categories "
                 f"{self.options.categories}; asked for {n}"
-            )
-        random.Random(f"{self.name}/{seed}/{split}").shuffle(pool)
-        return [self._task(entry, split, index) for index, entry in enumerate(pool[:n])]
+            ),
+        )
+        return [self._task(entry, split, index) for index, entry in enumerate(pool)]
 
     def _task(self, entry: Entry, split: str, index: int) -> Task:
-        return Task(
-            id=task_id(self.name, split, index),
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": entry.turns[0]},
-            ],
-            data=entry.to_data(),
-            split=split,
+        return instance_task(
+            self.name, split, index, opening(SYSTEM_PROMPT, entry.turns[0]), entry.to_data()
         )
 
     def tools(self) -> ToolRegistry:

@@ -27,7 +27,6 @@ import gzip
 import importlib.util
 import json
 import os
-import random
 import re
 import secrets
 import textwrap
@@ -42,7 +41,6 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import choose_runtime
 from conveyor.tasks.code import sandbox as code_sandbox
 from conveyor.tasks.executor import (
     DEFAULT_OUTPUT_CHARS,
@@ -55,10 +53,14 @@ from conveyor.tasks.family import (
     SPLIT_SHARES,
     FamilyServices,
     Grade,
+    check_split,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
+    shuffled_pool,
     split_of,
-    task_id,
 )
 from conveyor.types import Task, ToolCall, Trajectory
 
@@ -243,8 +245,7 @@ class CodeFamily:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         options = services.options if services is not None else {}
         self.options = family_options(self.name, CodeOptions, options)
 
@@ -255,30 +256,29 @@ class CodeFamily:
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` problems of `split` in a seed-shuffled order; `ValueError` if there are fewer."""
-        if split not in SPLIT_SHARES:
-            raise ValueError(f"unknown split '{split}'; expected one of {', '.join(SPLIT_SHARES)}")
-        if n < 0:
-            raise ValueError(f"n must be non-negative, got {n}")
-        problems = [p for p in load_problems() if split_of(p["task_id"]) == split]
-        random.Random(f"{self.name}/{seed}/{split}").shuffle(problems)
-        if len(problems) < n:
-            raise ValueError(f"code: only {len(problems)} '{split}' problems; asked for {n}")
-        return [self._task(problem, split, i) for i, problem in enumerate(problems[:n])]
+        check_split(split)
+        problems = shuffled_pool(
+            self.name,
+            (p for p in load_problems() if split_of(p["task_id"]) == split),
+            n,
+            seed,
+            split,
+            lambda held: f"code: only {held} '{split}' problems; asked for {n}",
+        )
+        return [self._task(problem, split, i) for i, problem in enumerate(problems)]
 
     def _task(self, problem: dict[str, str], split: str, index: int) -> Task:
         request = (
             f"Implement `{problem['entry_point']}`:\n\n```python\n{problem['prompt']}```\n"
             "Submit the complete function with finish."
         )
-        return Task(
-            id=f"{task_id(self.name, split, index)}-{problem['task_id'].replace('/', '_')}",
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": request},
-            ],
-            data=dict(problem),
-            split=split,
+        return instance_task(
+            self.name,
+            split,
+            index,
+            opening(SYSTEM_PROMPT, request),
+            dict(problem),
+            name=problem["task_id"].replace("/", "_"),
         )
 
     def tools(self) -> ToolRegistry:

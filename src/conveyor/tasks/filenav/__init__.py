@@ -21,9 +21,15 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.selection import RuntimeRequest, start_runtime
 from conveyor.runtime.simulated import SimulatedRuntime
-from conveyor.tasks.family import register_family, sample_instances, task_id
+from conveyor.tasks.family import (
+    instance_task,
+    opening,
+    register_family,
+    runtime_choice,
+    sample_instances,
+)
 from conveyor.types import Task, ToolCall
 
 ROOT = SimulatedRuntime.root
@@ -273,8 +279,7 @@ class FileNavFamily:
     runtimes: tuple[str, ...] = ("simulated",)
 
     def __init__(self, runtime: RuntimeConfig | None = None) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct trees and questions of `split`, deterministic in (n, seed, split)."""
@@ -285,15 +290,8 @@ class FileNavFamily:
 
         puzzles = sample_instances(self.name, n, seed, split, draw)
         return [
-            Task(
-                id=task_id(self.name, split, index),
-                family=self.name,
-                prompt=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": puzzle.question},
-                ],
-                data=_data(puzzle),
-                split=split,
+            instance_task(
+                self.name, split, index, opening(SYSTEM_PROMPT, puzzle.question), _data(puzzle)
             )
             for index, puzzle in enumerate(puzzles)
         ]

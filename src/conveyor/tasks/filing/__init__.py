@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 
 from conveyor.runtime.simulated import SimulatedRuntime
-from conveyor.tasks.family import register_family, sample_instances, task_id
+from conveyor.tasks.family import instance_task, opening, register_family, sample_instances
 from conveyor.tasks.filenav import (
     FACT_KINDS,
     FILLER,
@@ -137,21 +137,18 @@ class FilingFamily(FileNavFamily):
 
         puzzles = sample_instances(self.name, n, seed, split, draw)
         return [
-            Task(
-                id=task_id(self.name, split, index),
-                family=self.name,
-                prompt=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": puzzle.question},
-                ],
-                data={
+            instance_task(
+                self.name,
+                split,
+                index,
+                opening(SYSTEM_PROMPT, puzzle.question),
+                {
                     "files": puzzle.files,
                     "target": puzzle.target,
                     "answer": puzzle.answer,
                     "distractors": puzzle.distractors,
                     "documents": puzzle.documents,
                 },
-                split=split,
             )
             for index, puzzle in enumerate(puzzles)
         ]

@@ -29,7 +29,6 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import choose_runtime
 from conveyor.tasks.executor import (
     DEFAULT_OUTPUT_CHARS,
     DEFAULT_TIMEOUT_S,
@@ -41,9 +40,11 @@ from conveyor.tasks.family import (
     SPLIT_SHARES,
     FamilyServices,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
     sample_instances,
-    task_id,
 )
 from conveyor.types import Task, ToolCall
 
@@ -419,8 +420,7 @@ class MathFamily:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         options = services.options if services is not None else {}
         self.options = family_options(self.name, MathOptions, options)
 
@@ -434,19 +434,16 @@ class MathFamily:
 
         problems = sample_instances(self.name, n, seed, split, draw)
         return [
-            Task(
-                id=task_id(self.name, split, index),
-                family=self.name,
-                prompt=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": problem.question},
-                ],
-                data={
+            instance_task(
+                self.name,
+                split,
+                index,
+                opening(SYSTEM_PROMPT, problem.question),
+                {
                     "template": problem.template,
                     "answer": format_answer(problem.answer),
                     "code": problem.code,
                 },
-                split=split,
             )
             for index, problem in enumerate(problems)
         ]

@@ -33,15 +33,16 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import RESET_KEY, ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.selection import RuntimeRequest, start_runtime
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.tasks.family import (
     FamilyServices,
     Grade,
     family_options,
+    instance_task,
     register_family,
+    runtime_choice,
     sample_instances,
-    task_id,
 )
 from conveyor.tasks.memory.document import Document, DocumentSpec, draw_spec, render
 from conveyor.types import Message, Task, ToolCall, Trajectory
@@ -101,10 +102,9 @@ def _system_prompt(memory_chars: int) -> str:
     )
 
 
-def _context(task: Task, position: int, memory: str) -> list[Message]:
-    """The messages of the context that shows chunk `position` (or asks for the answer when
-    every chunk has been read) with `memory`."""
-    data = task.data
+def _context(data: dict[str, Any], position: int, memory: str) -> list[Message]:
+    """The messages of the context that shows chunk `position` of a task (its `data`), or asks
+    for the answer when every chunk has been read, with `memory`."""
     chunks: list[str] = data["chunks"]
     parts = [
         f"Question: {data['question']}",
@@ -158,7 +158,7 @@ async def update_memory(text: str, ctx: ToolContext) -> str:
         )
     position = state["position"] + 1
     await runtime.write_file(STATE_PATH, json.dumps({"position": position, "memory": text}))
-    ctx.reset_context(_context(ctx.task, position, text))
+    ctx.reset_context(_context(ctx.task.data, position, text))
     upcoming = f"chunk {position + 1} of {chunks} follows" if position < chunks else "answer next"
     return f"Memory saved ({len(text)} of {limit} characters); {upcoming}."
 
@@ -191,8 +191,7 @@ class MemoryFamily:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         given = services.options if services is not None else {}
         self.options = family_options(self.name, MemoryOptions, given)
 
@@ -208,12 +207,11 @@ class MemoryFamily:
             return spec.key(), spec
 
         specs = sample_instances(self.name, n, seed, split, draw)
-        tasks = []
-        for index, document in enumerate(render(spec) for spec in specs):
-            data = _data(document, self.options.memory_chars)
-            task = Task(id=task_id(self.name, split, index), family=self.name, prompt=[], data=data)
-            tasks.append(task.model_copy(update={"prompt": _context(task, 0, ""), "split": split}))
-        return tasks
+        datas = (_data(render(spec), self.options.memory_chars) for spec in specs)
+        return [
+            instance_task(self.name, split, index, _context(data, 0, ""), data)
+            for index, data in enumerate(datas)
+        ]
 
     def tools(self) -> ToolRegistry:
         """`update_memory` and `finish`."""

@@ -40,16 +40,18 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.selection import RuntimeRequest, start_runtime
 from conveyor.tasks.executor import EXECUTOR_RUNTIMES, python, start_executor_runtime
 from conveyor.tasks.family import (
     SPLIT_SHARES,
     FamilyServices,
     Grade,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
     sample_instances,
-    task_id,
 )
 from conveyor.tasks.rg import scoring as rg_scoring
 from conveyor.types import Task, ToolCall, Trajectory
@@ -139,9 +141,8 @@ class RgFamily:
     ) -> None:
         services = services or FamilyServices()
         self.options = family_options(self.name, RgOptions, services.options)
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
         self.runtimes = EXECUTOR_RUNTIMES if self.options.python else ("simulated",)
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         self.system_prompt = _system_prompt(self.options.python)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
@@ -160,15 +161,12 @@ class RgFamily:
         return [self._task(split, p, data) for p, data in enumerate(instances)]
 
     def _task(self, split: str, index: int, data: dict[str, Any]) -> Task:
-        return Task(
-            id=task_id(self.name, split, index),
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": data["entry"]["question"]},
-            ],
-            data=data,
-            split=split,
+        return instance_task(
+            self.name,
+            split,
+            index,
+            opening(self.system_prompt, data["entry"]["question"]),
+            data,
         )
 
     def tools(self) -> ToolRegistry:

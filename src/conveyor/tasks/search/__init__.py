@@ -36,14 +36,16 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime
-from conveyor.runtime.selection import RuntimeRequest, choose_runtime, start_runtime
+from conveyor.runtime.selection import RuntimeRequest, start_runtime
 from conveyor.tasks.family import (
     FamilyServices,
     Grade,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
     sample_instances,
-    task_id,
 )
 from conveyor.tasks.search.corpus import CORPUS_SEED, CORPUS_VERSION, corpus
 from conveyor.tasks.search.grading import (
@@ -188,8 +190,7 @@ class SearchFamily:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         self.services = services if services is not None else FamilyServices()
         self.options = family_options(self.name, SearchOptions, self.services.options)
         if self.options.judge and self.services.judge is None:
@@ -211,15 +212,8 @@ class SearchFamily:
 
         questions = sample_instances(self.name, n, seed, split, draw)
         return [
-            Task(
-                id=task_id(self.name, split, index),
-                family=self.name,
-                prompt=[
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": question.text},
-                ],
-                data=_data(question),
-                split=split,
+            instance_task(
+                self.name, split, index, opening(SYSTEM_PROMPT, question.text), _data(question)
             )
             for index, question in enumerate(questions)
         ]

@@ -20,7 +20,6 @@ applies the gold patch through `str_replace_editor` edits, then finishes.
 from __future__ import annotations
 
 import logging
-import random
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -31,15 +30,18 @@ from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
-from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
+from conveyor.runtime.selection import RuntimeRequest, build_runtime, started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.tasks.family import (
-    SPLIT_SHARES,
     Grade,
+    check_split,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
+    shuffled_pool,
     split_of,
-    task_id,
 )
 from conveyor.tasks.swe import canaries
 from conveyor.tasks.swe.codesearch.index import CodeIndex, IndexCache
@@ -148,8 +150,7 @@ class SweFamily:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         options = services.options if services is not None else {}
         self.options = family_options(self.name, SweOptions, options)
         self.grading = self.options.grading
@@ -178,31 +179,30 @@ class SweFamily:
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` rows of `split` in a seed-shuffled order; `ValueError` if there are fewer."""
-        if split not in SPLIT_SHARES:
-            raise ValueError(f"unknown split '{split}'")
+        check_split(split)
         rows = sorted(
             (r for r in self.rows() if split_of(r.instance_id) == split),
             key=lambda r: r.instance_id,
         )
-        random.Random(f"swe/{seed}/{split}").shuffle(rows)
-        if len(rows) < n:
+
+        def shortage(held: int) -> str:
             files = ", ".join(str(p) for p in self.row_files()) or (
                 f"none (set tasks.options.swe.rows, or ${TASKS_ENV})"
             )
-            raise ValueError(f"swe: only {len(rows)} '{split}' tasks in {files}; asked for {n}")
-        return [self.task(row, split, i) for i, row in enumerate(rows[:n])]
+            return f"swe: only {held} '{split}' tasks in {files}; asked for {n}"
+
+        chosen = shuffled_pool(self.name, rows, n, seed, split, shortage)
+        return [self.task(row, split, i) for i, row in enumerate(chosen)]
 
     def task(self, row: SweRow, split: str = "eval", index: int = 0) -> Task:
         """The `Task` of one row."""
-        return Task(
-            id=f"{task_id(self.name, split, index)}-{row.instance_id}",
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": row.problem_statement},
-            ],
-            data={"row": row.model_dump(mode="json")},
-            split=split,
+        return instance_task(
+            self.name,
+            split,
+            index,
+            opening(SYSTEM_PROMPT, row.problem_statement),
+            {"row": row.model_dump(mode="json")},
+            name=row.instance_id,
         )
 
     def tools(self) -> ToolRegistry:
