@@ -197,7 +197,7 @@ def test_every_pending_upward_import_still_exists(tree: ImportGraph) -> None:
 
 
 def test_trainer_imports_no_recipe_or_command_beyond_pending(tree: ImportGraph) -> None:
-    forbidden = {"tasks", "swe", "rollout", "bench", "app", "cli", "view", "doctor"}
+    forbidden = {"tasks", "rollout", "bench", "app", "cli", "view", "doctor"}
     found = {
         (e.source, e.target)
         for e in tree.runtime_edges()

@@ -14,7 +14,7 @@ from conveyor.bench import search_cli, trainer_cli
 from conveyor.bench.cli import bench_app
 from conveyor.bridges.cli import bridge_app
 from conveyor.gateway.cli import register as register_gateway
-from conveyor.swe.cli import tasks_app
+from conveyor.tasks.swe.cli import tasks_app
 
 app = typer.Typer(
     help="Conveyor: efficient RL training and evaluation of multi-turn, tool-using LLM agents.",

@@ -383,7 +383,7 @@ FAMILIES: Registry[FamilySpec] = Registry(
         "arithmetic": "conveyor.tasks.arithmetic",
         "filenav": "conveyor.tasks.filenav",
         "filing": "conveyor.tasks.filing",
-        "swe": "conveyor.swe.family",
+        "swe": "conveyor.tasks.swe.family",
         "search": "conveyor.tasks.search",
         "memory": "conveyor.tasks.memory",
         "math": "conveyor.tasks.math",

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from conveyor.agent.swe_tools import make_bash_tool
 from conveyor.agent.tools import ToolRegistry, finish
 from conveyor.engines.base import EngineError
 from conveyor.rollout import AgentStages
@@ -26,6 +25,7 @@ from conveyor.runtime.bubblewrap import BubblewrapRuntime
 from conveyor.runtime.limits import MiB
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import Workspace, make_workspace
+from conveyor.tasks.swe.tools import make_bash_tool
 from conveyor.types import Task, ToolCall, Trajectory
 
 WORKSPACE_DISK = 8 * MiB  # each sandbox's own disk

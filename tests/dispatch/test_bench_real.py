@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.agent.codesearch.index import IndexCache
 from conveyor.bench.real import reset_caches, rotated, run_real
 from conveyor.config import load_config
+from conveyor.tasks.swe.codesearch.index import IndexCache
 
 STRATEGIES = ("bounded_batch", "pipeline", "auto")
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.agent.swe_tools import str_replace_editor
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_UID
@@ -21,6 +20,7 @@ from conveyor.runtime.workspace import (
     sweep_stale,
     time_methods,
 )
+from conveyor.tasks.swe.tools import str_replace_editor
 from conveyor.types import Task
 from crashed_workspace import orphan_workspace
 

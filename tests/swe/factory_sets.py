@@ -11,9 +11,9 @@ from typing import Any
 from conveyor.agent.tools import ToolContext
 from conveyor.config import ConveyorConfig
 from conveyor.rollout import AgentStages
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
+from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.family import SweFamily
 from conveyor.types import ToolCall, Trajectory
 
 
@@ -23,8 +23,8 @@ def factory_rows(name: str, version: str, size: int = 2) -> list[SweRow]:
     path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
     if path.exists() and len(rows := load_rows(path)) >= size:
         return rows[:size]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     ctx = prepare_project(spec_for(name), version)
     rows = asyncio.run(build_mutation_tasks(ctx, size))

@@ -17,9 +17,9 @@ import pytest
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
+from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.family import SweFamily
 from conveyor.types import Task, ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()
@@ -38,8 +38,8 @@ def toolz_rows() -> list[SweRow]:
     for path in [swe_home() / "tasks" / "toolz.jsonl", swe_home() / "test-sets" / "toolz.jsonl"]:
         if path.exists() and len(rows := load_rows(path)) >= SET_SIZE:
             return rows[:SET_SIZE]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     ctx = prepare_project(spec_for("toolz"), "1.2.0")
     rows = asyncio.run(build_mutation_tasks(ctx, SET_SIZE))

@@ -21,9 +21,9 @@ from tiny_project import tiny_row
 
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe import test_run
-from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import row_environment, row_template, run_tests
+from conveyor.tasks.swe import test_run
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.grading import row_environment, row_template, run_tests
 
 AVAILABLE, WHY = bubblewrap_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY)
@@ -413,7 +413,7 @@ def test_the_in_process_checks_look_up_no_global_name() -> None:
     import dis
     import types
 
-    from conveyor.swe import pytest_audit, pytest_audit_files, pytest_pins, pytest_trust
+    from conveyor.tasks.swe import pytest_audit, pytest_audit_files, pytest_pins, pytest_trust
 
     def global_names(code: types.CodeType) -> set[str]:
         found = set()
@@ -449,8 +449,8 @@ def test_real_suites_pass_the_same_with_every_defence_on(
     gc.get_objects, copies test functions and sets their defaults; toolz's tlz adds its own
     import hook), plainly and under coverage.py as the factory's baseline runs it, passes the
     same tests with every defence on as with all off, and nothing is reported."""
-    from conveyor.swe.factory import prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     ctx = prepare_project(spec_for(name), version)
 

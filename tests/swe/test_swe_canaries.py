@@ -22,15 +22,15 @@ from tiny_project import CALC, buggy_calc, tiny_row
 from typer.testing import CliRunner
 
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe import canaries, test_run
-from conveyor.swe.canary_candidates import (
+from conveyor.tasks.swe import canaries, test_run
+from conveyor.tasks.swe.canary_candidates import (
     Canary,
 )
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import GradingOptions, grade
-from conveyor.swe.patches import file_diff
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.grading import GradingOptions, grade
+from conveyor.tasks.swe.patches import file_diff
 from conveyor.types import Trajectory
 
 AVAILABLE, WHY = bubblewrap_available()
@@ -268,8 +268,8 @@ def _toolz_row() -> SweRow:
     path = swe_home() / "test-sets" / "toolz.jsonl"
     if path.exists() and len(rows := load_rows(path)) >= 20:
         return rows[0]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     rows = asyncio.run(build_mutation_tasks(prepare_project(spec_for("toolz"), "1.2.0"), 20))
     write_rows(path, rows)

@@ -17,8 +17,8 @@ import pytest
 from tiny_project import tiny_row
 
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe import canaries
-from conveyor.swe.canary_candidates import (
+from conveyor.tasks.swe import canaries
+from conveyor.tasks.swe.canary_candidates import (
     NAME_SUFFIXES,
     Canary,
     insert_text,
@@ -26,10 +26,10 @@ from conveyor.swe.canary_candidates import (
     names_in,
     source_lines,
 )
-from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import row_template
-from conveyor.swe.patches import apply_patch, file_diff
-from conveyor.swe.test_run import TestOutcome, TestRun
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.grading import row_template
+from conveyor.tasks.swe.patches import apply_patch, file_diff
+from conveyor.tasks.swe.test_run import TestOutcome, TestRun
 
 
 def _candidate(

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from conveyor.swe import factory
-from conveyor.swe.dataset import SweRow
-from conveyor.swe.factory import Baseline, ProjectContext, Verdict, judge, kind_cap
-from conveyor.swe.grading import TestOutcome, TestRun
-from conveyor.swe.mutations import Mutation
-from conveyor.swe.projects import BuildReport, ProjectLayout, ProjectSpec
+from conveyor.tasks.swe import factory
+from conveyor.tasks.swe.dataset import SweRow
+from conveyor.tasks.swe.factory import Baseline, ProjectContext, Verdict, judge, kind_cap
+from conveyor.tasks.swe.grading import TestOutcome, TestRun
+from conveyor.tasks.swe.mutations import Mutation
+from conveyor.tasks.swe.projects import BuildReport, ProjectLayout, ProjectSpec
 
 
 def _ctx(tmp_path: Path) -> ProjectContext:

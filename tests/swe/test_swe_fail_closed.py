@@ -25,12 +25,12 @@ from conveyor.config import RuntimeConfig, load_config
 from conveyor.runtime import bubblewrap
 from conveyor.runtime.base import RuntimeFailure
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe.dataset import SweRow, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import GradingOptions, grade, row_environment
-from conveyor.swe.patches import file_diff
 from conveyor.tasks.family import get_family
+from conveyor.tasks.swe.dataset import SweRow, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.family import SweFamily
+from conveyor.tasks.swe.grading import GradingOptions, grade, row_environment
+from conveyor.tasks.swe.patches import file_diff
 from conveyor.types import Status, ToolCall, Trajectory
 
 AVAILABLE, WHY = bubblewrap_available()

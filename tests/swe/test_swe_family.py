@@ -11,10 +11,10 @@ from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe.dataset import load_rows, prediction, write_predictions, write_rows
-from conveyor.swe.family import SweFamily, gold_edits
-from conveyor.swe.grading import row_template
 from conveyor.tasks.family import get_family, split_of
+from conveyor.tasks.swe.dataset import load_rows, prediction, write_predictions, write_rows
+from conveyor.tasks.swe.family import SweFamily, gold_edits
+from conveyor.tasks.swe.grading import row_template
 from conveyor.types import ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()

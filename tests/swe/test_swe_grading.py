@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import (
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.grading import (
     GradeReport,
     GradingOptions,
     TestOutcome,
@@ -25,7 +25,7 @@ from conveyor.swe.grading import (
     run_tests,
     score_run,
 )
-from conveyor.swe.patches import apply_patch, file_diff
+from conveyor.tasks.swe.patches import apply_patch, file_diff
 
 AVAILABLE, WHY = bubblewrap_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=WHY)

@@ -6,7 +6,7 @@ import json
 
 from conveyor.agent.hints import TurnObservation
 from conveyor.config import HintsConfig
-from conveyor.swe.hints import SEARCH_HINT, VIEW_WITHOUT_SEARCH, SweHintPolicy
+from conveyor.tasks.swe.hints import SEARCH_HINT, VIEW_WITHOUT_SEARCH, SweHintPolicy
 
 
 def _turn(index: int, *calls: tuple[str, dict[str, object]]) -> TurnObservation:
@@ -57,7 +57,7 @@ def test_the_swe_family_brings_its_hint_policy_into_the_agent_loop() -> None:
     from conveyor.config import AgentConfig, SamplingConfig
     from conveyor.engines.simulated import SimulatedEngine
     from conveyor.rollout import AgentStages
-    from conveyor.swe.hints import SweHintPolicy
+    from conveyor.tasks.swe.hints import SweHintPolicy
     from conveyor.types import Task
 
     class _Tok:

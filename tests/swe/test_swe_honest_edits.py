@@ -24,12 +24,12 @@ from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import RowEnvironment, SweRow
-from conveyor.swe.environment import project_source
-from conveyor.swe.family import SweFamily, SweRuntime
-from conveyor.swe.grading import GradeReport, grade, grade_runtime, workspace_patch
-from conveyor.swe.patches import file_diff, split_lines
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.dataset import RowEnvironment, SweRow
+from conveyor.tasks.swe.environment import project_source
+from conveyor.tasks.swe.family import SweFamily, SweRuntime
+from conveyor.tasks.swe.grading import GradeReport, grade, grade_runtime, workspace_patch
+from conveyor.tasks.swe.patches import file_diff, split_lines
 from conveyor.types import ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()

@@ -18,10 +18,10 @@ from factory_sets import factory_rows
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe.dataset import SweRow
-from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import run_tests
+from conveyor.tasks.swe.dataset import SweRow
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.family import SweFamily
+from conveyor.tasks.swe.grading import run_tests
 from conveyor.types import ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()
@@ -60,8 +60,8 @@ async def _score(row: SweRow, oracle: bool) -> float:
 def test_metadata_tests_pass_and_oracle_resolves(
     name: str, version: str, needs_metadata: str
 ) -> None:
-    from conveyor.swe.factory import prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     ctx = prepare_project(spec_for(name), version)
     assert ctx.metadata is not None

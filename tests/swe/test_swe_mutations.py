@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from collections import Counter
 
-from conveyor.swe.mutations import MUTATION_KINDS, mutations_of_file, pick
-from conveyor.swe.patches import file_diff, split_lines
+from conveyor.tasks.swe.mutations import MUTATION_KINDS, mutations_of_file, pick
+from conveyor.tasks.swe.patches import file_diff, split_lines
 
 SOURCE = '''"""Sample."""
 

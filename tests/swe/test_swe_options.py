@@ -15,15 +15,15 @@ from typer.testing import CliRunner
 from conveyor.config import ConfigError, config_to_yaml, load_config
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.workspace import make_workspace
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import RowEnvironment, SweRow, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import grade, row_environment, row_template, run_tests
-from conveyor.swe.options import file_sha256, task_set_path
-from conveyor.swe.patches import apply_patch, file_diff
-from conveyor.swe.test_command import parse_test_command
 from conveyor.tasks.family import get_family
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.dataset import RowEnvironment, SweRow, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.family import SweFamily
+from conveyor.tasks.swe.grading import grade, row_environment, row_template, run_tests
+from conveyor.tasks.swe.options import file_sha256, task_set_path
+from conveyor.tasks.swe.patches import apply_patch, file_diff
+from conveyor.tasks.swe.test_command import parse_test_command
 from conveyor.types import FamilyServices
 
 AVAILABLE, WHY = bubblewrap_available()

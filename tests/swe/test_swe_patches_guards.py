@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.swe.guards import (
+from conveyor.tasks.swe.guards import (
     DeclaredTests,
     declared_tests,
     package_dirs,
     project_modules,
     protection_reason,
 )
-from conveyor.swe.patches import (
+from conveyor.tasks.swe.patches import (
     PatchError,
     apply_patch,
     diff_trees,

@@ -18,10 +18,10 @@ from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe.dataset import SweRow
-from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import GradeReport, grade, grade_runtime
-from conveyor.swe.patches import file_diff
+from conveyor.tasks.swe.dataset import SweRow
+from conveyor.tasks.swe.family import SweFamily
+from conveyor.tasks.swe.grading import GradeReport, grade, grade_runtime
+from conveyor.tasks.swe.patches import file_diff
 from conveyor.types import TaskDefect, ToolCall
 
 AVAILABLE, WHY = bubblewrap_available()

@@ -21,11 +21,11 @@ from conveyor.runtime import local as local_module
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.docker import DockerRuntime
 from conveyor.runtime.local import LocalRuntime
-from conveyor.swe import family as family_module
-from conveyor.swe import grading as grading_module
-from conveyor.swe.family import SweFamily, SweRuntime, gold_edits
-from conveyor.swe.grading import row_template
 from conveyor.tasks.family import get_family
+from conveyor.tasks.swe import family as family_module
+from conveyor.tasks.swe import grading as grading_module
+from conveyor.tasks.swe.family import SweFamily, SweRuntime, gold_edits
+from conveyor.tasks.swe.grading import row_template
 from crashed_workspace import orphan_workspace
 
 AVAILABLE, WHY = bubblewrap_available()

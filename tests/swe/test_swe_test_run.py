@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor.swe.test_run import read_channel
+from conveyor.tasks.swe.test_run import read_channel
 
 
 def _report(nodeid: str, when: str, outcome: str = "passed", **extra: Any) -> dict[str, Any]:

@@ -23,13 +23,13 @@ from tiny_project import CALC, buggy_calc, tiny_row
 from typer.testing import CliRunner
 
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe import guards
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.swe.environment import swe_home
-from conveyor.swe.grading import GradeReport, grade
-from conveyor.swe.guards import protection_rules, restore_protected
-from conveyor.swe.patches import apply_patch, file_diff, tree_diff
+from conveyor.tasks.swe import guards
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.grading import GradeReport, grade
+from conveyor.tasks.swe.guards import protection_rules, restore_protected
+from conveyor.tasks.swe.patches import apply_patch, file_diff, tree_diff
 
 AVAILABLE, WHY = bubblewrap_available()
 needs_sandbox = pytest.mark.skipif(not AVAILABLE, reason=WHY)
@@ -249,8 +249,8 @@ def factory_rows(name: str, version: str, count: int = 1) -> list[SweRow]:
     path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
     if path.exists() and len(rows := load_rows(path)) >= count:
         return rows[:count]
-    from conveyor.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.swe.projects import spec_for
+    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
+    from conveyor.tasks.swe.projects import spec_for
 
     rows = asyncio.run(build_mutation_tasks(prepare_project(spec_for(name), version), count))
     write_rows(path, rows)

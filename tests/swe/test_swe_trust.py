@@ -27,19 +27,19 @@ from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.swe import canaries, guards, test_run
-from conveyor.swe.cli import tasks_app
-from conveyor.swe.dataset import SweRow, write_rows
-from conveyor.swe.family import SweFamily
-from conveyor.swe.grading import GradingOptions, row_template
-from conveyor.swe.patches import file_diff, patch_paths, read_text
+from conveyor.tasks.swe import canaries, guards, test_run
+from conveyor.tasks.swe.cli import tasks_app
+from conveyor.tasks.swe.dataset import SweRow, write_rows
+from conveyor.tasks.swe.family import SweFamily
+from conveyor.tasks.swe.grading import GradingOptions, row_template
+from conveyor.tasks.swe.patches import file_diff, patch_paths, read_text
 from conveyor.types import Task, ToolCall, Trajectory
 
 AVAILABLE, WHY = bubblewrap_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not AVAILABLE, reason=WHY)]
 
 ATTACK_PROJECTS = [("toolz", "1.2.0"), ("inflection", "0.5.1")]
-# Every project of the factory (src/conveyor/swe/projects.py) at a pinned release.
+# Every project of the factory (src/conveyor/tasks/swe/projects.py) at a pinned release.
 FACTORY_PROJECTS = [
     ("toolz", "1.2.0"),
     ("inflection", "0.5.1"),

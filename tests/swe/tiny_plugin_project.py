@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tiny_project import write_source
 
-from conveyor.swe.dataset import RowEnvironment, SweRow
-from conveyor.swe.patches import file_diff
+from conveyor.tasks.swe.dataset import RowEnvironment, SweRow
+from conveyor.tasks.swe.patches import file_diff
 
 NAME = "conveyor-tinyplug"
 VERSION = "1.0"

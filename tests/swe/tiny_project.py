@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor.swe.dataset import RowEnvironment, SweRow
-from conveyor.swe.environment import swe_home
-from conveyor.swe.patches import file_diff
+from conveyor.tasks.swe.dataset import RowEnvironment, SweRow
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.patches import file_diff
 
 NAME = "conveyor-tinycalc"
 VERSION = "1.0"

@@ -12,8 +12,8 @@ from typing import Literal
 
 from tiny_project import write_source
 
-from conveyor.swe.dataset import RowEnvironment, SweRow
-from conveyor.swe.patches import file_diff
+from conveyor.tasks.swe.dataset import RowEnvironment, SweRow
+from conveyor.tasks.swe.patches import file_diff
 
 NAME = "conveyor-tinytext"
 VERSION = "1.0"

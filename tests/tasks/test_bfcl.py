@@ -19,7 +19,7 @@ from conveyor.config import load_config
 from conveyor.runtime.base import RuntimeFailure
 from conveyor.tasks import bfcl as bfcl_module
 from conveyor.tasks.bfcl import BfclFamily, BfclRegistry
-from conveyor.tasks.bfcl_data import (
+from conveyor.tasks.bfcl.data import (
     CATEGORIES,
     Entry,
     function_docs,
@@ -28,8 +28,8 @@ from conveyor.tasks.bfcl_data import (
     simulator_class,
     simulator_classes,
 )
-from conveyor.tasks.bfcl_grading import check
-from conveyor.tasks.bfcl_runtime import BfclRuntime, UnknownFunction
+from conveyor.tasks.bfcl.grading import check
+from conveyor.tasks.bfcl.runtime import BfclRuntime, UnknownFunction
 from conveyor.tasks.family import SAY, FamilyServices, Grading, get_family, say, split_of
 from conveyor.types import Task, ToolCall, Trajectory
 

@@ -20,7 +20,7 @@ from conveyor.tasks.code import (
     judge_answer,
     load_problems,
 )
-from conveyor.tasks.code_sandbox import CandidateError, decode, encode
+from conveyor.tasks.code.sandbox import CandidateError, decode, encode
 from conveyor.tasks.executor import executor_available
 from conveyor.tasks.family import FamilyServices, Grade, get_family, split_of
 from conveyor.types import Task, ToolCall, Trajectory

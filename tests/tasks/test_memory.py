@@ -28,7 +28,7 @@ from conveyor.tasks.memory import (
     oracle_memory,
     read_state,
 )
-from conveyor.tasks.memory_document import DEPOTS
+from conveyor.tasks.memory.document import DEPOTS
 from conveyor.types import EndReason, Status, Task, ToolCall, Trajectory
 
 T = TypeVar("T")

@@ -15,10 +15,10 @@ import pytest
 from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import RuntimeConfig, load_config
 from conveyor.tasks import rg as rg_module
-from conveyor.tasks import rg_scoring
 from conveyor.tasks.executor import executor_available
 from conveyor.tasks.family import FamilyServices, family_info, get_family, split_of
 from conveyor.tasks.rg import DEFAULT_DATASETS, RgFamily
+from conveyor.tasks.rg import scoring as rg_scoring
 from conveyor.types import Task, ToolCall, Trajectory
 
 T = TypeVar("T")

@@ -15,9 +15,9 @@ from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import load_config
 from conveyor.tasks.family import FamilyServices, Grading, family_info, get_family, split_of
 from conveyor.tasks.search import SearchFamily, index
-from conveyor.tasks.search_corpus import build_corpus, corpus
-from conveyor.tasks.search_grading import normalise, parse_verdict
-from conveyor.tasks.search_questions import resolve
+from conveyor.tasks.search.corpus import build_corpus, corpus
+from conveyor.tasks.search.grading import normalise, parse_verdict
+from conveyor.tasks.search.questions import resolve
 from conveyor.types import Message, Task, ToolCall, Trajectory
 
 T = TypeVar("T")

@@ -21,14 +21,14 @@ from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.runtime.docker import docker_available
 from conveyor.tasks.family import FamilyServices, split_of
 from conveyor.tasks.terminal import TerminalFamily, generated_dir, shipped_dir
-from conveyor.tasks.terminal.harbor import HarborFormatError, load_task, plan_environment
-from conveyor.tasks.terminal.sandbox import reward_from
-from conveyor.tasks.terminal_chores import (
+from conveyor.tasks.terminal.chores import (
     CHORES,
     SHIPPED_VARIANTS,
     VARIANTS,
     all_folders,
 )
+from conveyor.tasks.terminal.harbor import HarborFormatError, load_task, plan_environment
+from conveyor.tasks.terminal.sandbox import reward_from
 from conveyor.types import Task, ToolCall
 
 T = TypeVar("T")
@@ -510,7 +510,7 @@ def test_every_chore_fails_untouched_and_passes_after_its_solution() -> None:
 
 
 def test_the_generator_writes_the_folders(tmp_path: Path) -> None:
-    from conveyor.tasks.terminal_chores import write_folders
+    from conveyor.tasks.terminal.chores import write_folders
 
     written = write_folders(tmp_path, variants=1)
     assert len(written) == len(CHORES)

@@ -22,9 +22,9 @@ import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from conveyor.agent.codesearch.index import IndexCache
 from conveyor.config import ConveyorConfig
 from conveyor.dispatch.base import Dispatcher, EngineProbe
+from conveyor.tasks.swe.codesearch.index import IndexCache
 
 SPREAD_KEYS = ("makespan_s", "throughput", "engine_utilisation", "first_group_fraction")
 RATIO_BASELINES = ("bounded_batch", "bounded_batch_overlap", "batch")

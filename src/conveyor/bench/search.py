@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.codesearch.index import CodeIndex, Definition, IndexCache, python_files
-from conveyor.agent.codesearch.rank import STOP_WORDS
-from conveyor.agent.codesearch.tool import rank_definitions
 from conveyor.models import cache_dir
+from conveyor.tasks.swe.codesearch.index import CodeIndex, Definition, IndexCache, python_files
+from conveyor.tasks.swe.codesearch.rank import STOP_WORDS
+from conveyor.tasks.swe.codesearch.tool import rank_definitions
 
 KS = (1, 5, 10)
 METHODS = ("search_code", "bm25", "grep")
@@ -123,8 +123,8 @@ def load_rows(tasks_file: Path, repo_root: Path | None) -> list[tuple[dict[str, 
 
 
 def _starting_state(row: dict[str, Any], where: str) -> Path:
-    from conveyor.swe.dataset import SweRow
-    from conveyor.swe.grading import row_template
+    from conveyor.tasks.swe.dataset import SweRow
+    from conveyor.tasks.swe.grading import row_template
 
     if not str(row.get("repo", "")).startswith("pypi:"):
         raise ValueError(f"{where}: a row of {row.get('repo')!r} needs --repo-root (a checkout)")

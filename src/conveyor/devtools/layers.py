@@ -52,10 +52,10 @@ LAYERS: tuple[Layer, ...] = (
         "other training systems' backends and the recording gateway for outside agents",
     ),
     Layer("sim", ("sim",), "the dispatch simulator the benchmarks drive"),
-    Layer("recipes", ("swe", "tasks", "rollout"), "task families and the stages that run them"),
+    Layer("recipes", ("tasks", "rollout"), "task families and the stages that run them"),
     Layer("trainer", ("trainer",), "the RL core: advantages, losses, steps, weight sync"),
     Layer("dispatch", ("dispatch",), "strategies that schedule init / run / reward"),
-    Layer("agent", ("agent",), "the agent loop, tools, chat rendering, code search"),
+    Layer("agent", ("agent",), "the agent loop, tools, chat rendering"),
     Layer("runtime", ("runtime",), "sandboxes and workspaces"),
     Layer("engines", ("engines",), "sampling clients"),
     Layer(

@@ -8,6 +8,8 @@ servers `engine.replicas` starts) behind one `RoutedEngine`:
 - **Least-loaded placement.** A new session goes to the healthy replica with the fewest requests
   in flight (counted here), then the lowest KV-cache use where the replica reports
   `KVCacheStats`, then the fewest sessions placed, then the lowest index.
+  (Stickiness and placement are `conveyor.engines.placement`, which the simulator's
+  `session_sticky` router uses too.)
 - **Failover.** A replica whose client raises `EngineDown` (its server did not answer for
   `engine.reconnect_s`) is out for the rest of the run. The request that found it raises a plain
   `EngineError`, which the dispatcher treats as an infrastructure failure of the rollout: the
@@ -34,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,7 @@ from conveyor.engines.base import (
     WeightFolder,
     WeightReceiver,
 )
+from conveyor.engines.placement import Placed, StickyPlacement
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -120,10 +123,9 @@ class RoutedEngine:
             Replica(index=i, name=label, client=client, log=log)
             for i, (label, client, log) in enumerate(zip(labels, replicas, logged, strict=True))
         ]
-        self.max_sessions = max_sessions
         self.moved_sessions = 0
         self._kv = [r.client if isinstance(r.client, KVCacheStats) else None for r in self.replicas]
-        self._sessions: OrderedDict[str, Replica] = OrderedDict()
+        self._placement: StickyPlacement[Replica] = StickyPlacement(max_sessions)
         self._update: asyncio.Event | None = None  # a weight update under way (set when done)
 
     # -- SamplingClient ---------------------------------------------------------------------
@@ -178,22 +180,12 @@ class RoutedEngine:
         healthy = self.healthy()
         if not healthy:
             raise EngineDown(self._none_left())
-        known = self._sessions.get(session) if session else None
-        if known is not None and known.down is None:
-            self._sessions.move_to_end(session)
-            return known
-        chosen = min(healthy, key=self._load)
-        if not session:  # no rollout to keep together (a one-off request)
-            return chosen
-        if known is not None:
+        chosen, placed = self._placement.place(session, healthy, self._load)
+        if placed is Placed.MOVED:
             chosen.moved_in += 1
             self.moved_sessions += 1
-        else:
+        elif placed is Placed.NEW:
             chosen.sessions += 1
-        self._sessions[session] = chosen
-        self._sessions.move_to_end(session)
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
         return chosen
 
     def _load(self, replica: Replica) -> tuple[int, float, int, int]:
@@ -215,7 +207,7 @@ class RoutedEngine:
 
     def replica_of(self, session: str) -> str | None:
         """The name of the replica `session` is routed to now (None: not placed, or forgotten)."""
-        known = self._sessions.get(session)
+        known = self._placement.home(session)
         return known.name if known is not None else None
 
     def routing_summary(self) -> dict[str, Any]:

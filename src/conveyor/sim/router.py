@@ -22,6 +22,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from conveyor.engines.placement import StickyPlacement
+
 
 class ReplicaLoad(Protocol):
     """What a router may read of a replica: the load figures a real engine reports."""
@@ -45,25 +47,21 @@ class Router(Protocol):
         ...
 
 
-def least_loaded(replicas: Sequence[ReplicaLoad]) -> int:
-    """Fewest requests in flight, then least KV in use, then the lowest index."""
-    return min(
-        range(len(replicas)),
-        key=lambda i: (replicas[i].requests_in_flight, replicas[i].kv_used, i),
-    )
-
-
 class SessionStickyRouter:
-    """A session stays on the replica of its first request; new sessions go least-loaded."""
+    """A session stays on the replica of its first request; new sessions go least-loaded:
+    fewest requests in flight, then least KV in use, then the lowest index (the engine router's
+    placement, `conveyor.engines.placement`, over the simulated load figures)."""
 
     def __init__(self, seed: int = 0) -> None:
-        self._home: dict[str, int] = {}
+        self._placement: StickyPlacement[int] = StickyPlacement()
 
     def route(self, session: str, replicas: Sequence[ReplicaLoad]) -> int:
         """The session's replica, chosen least-loaded on its first request."""
-        home = self._home.get(session)
-        if home is None:
-            home = self._home[session] = least_loaded(replicas)
+        home, _ = self._placement.place(
+            session,
+            range(len(replicas)),
+            lambda i: (replicas[i].requests_in_flight, replicas[i].kv_used, i),
+        )
         return home
 
 

@@ -10,6 +10,11 @@ its canonical key), not of the seed, so no seed can put an evaluation instance i
 A family built from a fixed dataset (HumanEval, BFCL, tau2) assigns splits the same way, by a
 hash of the instance's own id, and says so in its `splits` attribute.
 
+Every family makes its instances with the helpers at the end of this module, so ids, seeds and
+orders follow one rule: `sample_instances` draws a generated family's instances,
+`shuffled_pool` orders a fixed dataset's, `instance_task` builds each `Task` (its id from
+`task_id`), and a constructor takes its runtime settings and kind from `runtime_choice`.
+
 Optional parts a family may have, each found by `isinstance` against its protocol here:
 - `Conversational.user_turn`: a user answers each text reply of the agent (BFCL's next question,
   tau2's simulated customer); the loop's `user_turn` hook;
@@ -32,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -42,6 +47,7 @@ from conveyor.agent.tools import ToolRegistry
 from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import FAMILIES, FamilySpec, NoOptions
 from conveyor.runtime.base import Runtime
+from conveyor.runtime.selection import choose_runtime
 from conveyor.types import FamilyServices, Message, Task, ToolCall, Trajectory
 
 T = TypeVar("T")
@@ -323,8 +329,7 @@ def sample_instances(
     whose key hashes into another split, or repeats, are skipped. Raises `ValueError` for an
     unknown split or when the family cannot supply `n` distinct instances.
     """
-    if split not in SPLIT_SHARES:
-        raise ValueError(f"unknown split '{split}'; expected one of {', '.join(SPLIT_SHARES)}")
+    check_split(split)
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
     # A string seed is hashed with SHA-512 by `random`, so this is stable across processes.
@@ -349,3 +354,61 @@ def sample_instances(
 def task_id(family: str, split: str, index: int) -> str:
     """The id of instance `index` of a split, e.g. ``arithmetic-eval-0007``."""
     return f"{family}-{split}-{index:04d}"
+
+
+def check_split(split: str, splits: Iterable[str] = SPLIT_SHARES) -> None:
+    """`ValueError` unless `split` is one of `splits`."""
+    names = list(splits)
+    if split not in names:
+        raise ValueError(f"unknown split '{split}'; expected one of {', '.join(names)}")
+
+
+def runtime_choice(
+    family: str, runtime: RuntimeConfig | None, supported: Sequence[str]
+) -> tuple[RuntimeConfig, str]:
+    """A family's runtime settings (the defaults when the run gives none) and the kind it runs
+    with: what every family's constructor takes from `runtime`."""
+    settings = runtime if runtime is not None else RuntimeConfig()
+    return settings, choose_runtime(family, settings, supported)
+
+
+def shuffled_pool(
+    family: str, pool: Iterable[T], n: int, seed: int, split: str, shortage: Callable[[int], str]
+) -> list[T]:
+    """`n` instances of a fixed dataset's `split`: `pool` (the split's instances in a fixed
+    order) shuffled by an RNG derived from (family, seed, split), cut to `n`, so a larger `n`
+    extends a smaller. `ValueError` for a negative `n`, or `shortage(len(pool))` when the pool
+    holds fewer than `n`. (A generated family draws with `sample_instances` instead.)"""
+    if n < 0:
+        raise ValueError(f"n must be non-negative, got {n}")
+    items = list(pool)
+    random.Random(f"{family}/{seed}/{split}").shuffle(items)
+    if len(items) < n:
+        raise ValueError(shortage(len(items)))
+    return items[:n]
+
+
+def opening(system: str, user: str) -> list[Message]:
+    """The prompt most instances start with: a system message and the user's request."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def instance_task(
+    family: str,
+    split: str,
+    index: int,
+    prompt: list[Message],
+    data: dict[str, Any],
+    name: str = "",
+) -> Task:
+    """Instance `index` of `split`: its id is ``<family>-<split>-<index:04d>``, with ``-<name>``
+    after it where the instance has a name of its own in its source (a dataset's id, a task
+    folder), so a log line says which."""
+    suffix = f"-{name}" if name else ""
+    return Task(
+        id=f"{task_id(family, split, index)}{suffix}",
+        family=family,
+        prompt=prompt,
+        data=data,
+        split=split,
+    )

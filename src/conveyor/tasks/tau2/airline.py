@@ -14,11 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from conveyor.agent.tools import Tool, ToolContext, ToolRegistry, tool
+from conveyor.agent.tools import ToolContext, tool
 from conveyor.tasks.tau2.common import (
+    DomainTools,
     ToolError,
     calculate,
     dump,
+    lookup,
     object_parameters,
     transfer_to_human_agents,
     world,
@@ -79,36 +81,24 @@ class Payment(BaseModel):
 
 
 def _db(ctx: ToolContext) -> dict[str, Any]:
-    return world(ctx, DOMAIN).db
+    return AIRLINE.db(ctx)
 
 
 def _user(db: dict[str, Any], user_id: str) -> dict[str, Any]:
-    if user_id not in db["users"]:
-        raise ToolError(f"User {user_id} not found")
-    user: dict[str, Any] = db["users"][user_id]
-    return user
+    return lookup(db["users"], user_id, f"User {user_id} not found")
 
 
 def _reservation(db: dict[str, Any], reservation_id: str) -> dict[str, Any]:
-    if reservation_id not in db["reservations"]:
-        raise ToolError(f"Reservation {reservation_id} not found")
-    reservation: dict[str, Any] = db["reservations"][reservation_id]
-    return reservation
+    return lookup(db["reservations"], reservation_id, f"Reservation {reservation_id} not found")
 
 
 def _flight(db: dict[str, Any], flight_number: str) -> dict[str, Any]:
-    if flight_number not in db["flights"]:
-        raise ToolError(f"Flight {flight_number} not found")
-    flight: dict[str, Any] = db["flights"][flight_number]
-    return flight
+    return lookup(db["flights"], flight_number, f"Flight {flight_number} not found")
 
 
 def _flight_date(db: dict[str, Any], flight_number: str, date: str) -> dict[str, Any]:
-    flight = _flight(db, flight_number)
-    if date not in flight["dates"]:
-        raise ToolError(f"Flight {flight_number} not found on date {date}")
-    status: dict[str, Any] = flight["dates"][date]
-    return status
+    dates = _flight(db, flight_number)["dates"]
+    return lookup(dates, date, f"Flight {flight_number} not found on date {date}")
 
 
 def _bookable(db: dict[str, Any], flight_number: str, date: str, cabin: str, seats: int) -> Any:
@@ -157,9 +147,7 @@ def _direct(
 def _charge_update(user: dict[str, Any], payment_id: str, total: int) -> dict[str, Any] | None:
     """Charge (or refund, when negative) `total` for a change; the payment record, or None when
     nothing is due. Certificates cannot pay for changes."""
-    if payment_id not in user["payment_methods"]:
-        raise ToolError("Payment method not found")
-    method = user["payment_methods"][payment_id]
+    method = lookup(user["payment_methods"], payment_id, "Payment method not found")
     if method["source"] == "certificate":
         raise ToolError("Certificate cannot be used to update reservation")
     if method["source"] == "gift_card" and method["amount"] < total:
@@ -232,9 +220,8 @@ async def book_reservation(
         total += INSURANCE_FEE * len(people)
     total += BAG_FEE * nonfree_baggages
     for payment in payments:
-        if payment.payment_id not in user["payment_methods"]:
-            raise ToolError(f"Payment method {payment.payment_id} not found")
-        method = user["payment_methods"][payment.payment_id]
+        missing = f"Payment method {payment.payment_id} not found"
+        method = lookup(user["payment_methods"], payment.payment_id, missing)
         if method["source"] in ("gift_card", "certificate") and method["amount"] < payment.amount:
             raise ToolError(f"Not enough balance in payment method {payment.payment_id}")
     paid = sum(payment.amount for payment in payments)
@@ -508,36 +495,32 @@ async def get_flight_status(flight_number: str, date: str, ctx: ToolContext) -> 
     return str(_flight_date(_db(ctx), flight_number, date)["status"])
 
 
-TOOLS: tuple[Tool, ...] = (
-    book_reservation,
-    calculate,
-    cancel_reservation,
-    get_flight_status,
-    get_reservation_details,
-    get_user_details,
-    list_all_airports,
-    search_direct_flight,
-    search_onestop_flight,
-    send_certificate,
-    transfer_to_human_agents,
-    update_reservation_baggages,
-    update_reservation_flights,
-    update_reservation_passengers,
+AIRLINE = DomainTools(
+    DOMAIN,
+    (
+        book_reservation,
+        calculate,
+        cancel_reservation,
+        get_flight_status,
+        get_reservation_details,
+        get_user_details,
+        list_all_airports,
+        search_direct_flight,
+        search_onestop_flight,
+        send_certificate,
+        transfer_to_human_agents,
+        update_reservation_baggages,
+        update_reservation_flights,
+        update_reservation_passengers,
+    ),
+    frozenset(
+        {
+            "book_reservation",
+            "cancel_reservation",
+            "send_certificate",
+            "update_reservation_baggages",
+            "update_reservation_flights",
+            "update_reservation_passengers",
+        }
+    ),
 )
-
-# The tools that change the database (the others only read it).
-WRITES = frozenset(
-    {
-        "book_reservation",
-        "cancel_reservation",
-        "send_certificate",
-        "update_reservation_baggages",
-        "update_reservation_flights",
-        "update_reservation_passengers",
-    }
-)
-
-
-def registry() -> ToolRegistry:
-    """A fresh registry of the airline tools."""
-    return ToolRegistry(TOOLS)

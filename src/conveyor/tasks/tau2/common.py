@@ -1,6 +1,7 @@
 """What the airline and retail tools share: the per-rollout runtime that holds the database and
-the conversation with the simulated user, the tools' error type, object-typed parameters, and the
-two domain-independent tools (`calculate`, `transfer_to_human_agents`).
+the conversation with the simulated user, a domain's tool set (`DomainTools`), the tools' error
+type, record lookup, object-typed parameters, and the two domain-independent tools (`calculate`,
+`transfer_to_human_agents`). A domain's module holds only its own rules and tools.
 
 The database is the domain's db.json as loaded (plain dicts and lists), one private copy per
 rollout; tools change it in place and the grader digests what changed (`data.state_digest`).
@@ -17,7 +18,7 @@ from typing import Any
 
 import pydantic
 
-from conveyor.agent.tools import Tool, ToolContext, tool
+from conveyor.agent.tools import Tool, ToolContext, ToolRegistry, tool
 from conveyor.runtime.base import RuntimeFailure
 from conveyor.runtime.simulated import SimulatedRuntime
 from conveyor.types import Message
@@ -55,6 +56,33 @@ def world(ctx: ToolContext, domain: str) -> Tau2Runtime:
             f"the tau2 {domain} tools need a tau2 {domain} runtime, got {runtime!r}"
         )
     return runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainTools:
+    """A domain's tools over its database, and which of them change it (the others only read
+    it: a task none of whose reference actions writes needs information to be verifiable)."""
+
+    domain: str
+    tools: tuple[Tool, ...]
+    writes: frozenset[str]
+
+    def registry(self) -> ToolRegistry:
+        """A fresh registry of the domain's tools."""
+        return ToolRegistry(self.tools)
+
+    def db(self, ctx: ToolContext) -> dict[str, Any]:
+        """The rollout's database (see `world`)."""
+        return world(ctx, self.domain).db
+
+
+def lookup(records: dict[str, Any], key: str, missing: str) -> dict[str, Any]:
+    """`records[key]` (a user, an order, a flight's date ...); `ToolError(missing)` when there is
+    none, in the original tool's words."""
+    if key not in records:
+        raise ToolError(missing)
+    record: dict[str, Any] = records[key]
+    return record
 
 
 def dump(record: Any) -> str:

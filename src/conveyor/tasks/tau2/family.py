@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import random
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,14 +32,18 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
-from conveyor.runtime.selection import choose_runtime, started
+from conveyor.runtime.selection import started
 from conveyor.tasks.family import (
     FamilyServices,
     Grade,
+    check_split,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    runtime_choice,
     say,
-    task_id,
+    shuffled_pool,
 )
 from conveyor.tasks.tau2 import airline, data, retail
 from conveyor.tasks.tau2.common import Tau2Runtime
@@ -60,7 +63,7 @@ BEGIN = (
 # expected database is the initial one) and that require no information: nothing to verify.
 # The test suite checks this list against the recorded original results.
 _REFUSED_WRITES = {"retail": frozenset({"12", "105"}), "airline": frozenset[str]()}
-_TOOLS = {"airline": airline, "retail": retail}
+_TOOLS = {tools.domain: tools for tools in (airline.AIRLINE, retail.RETAIL)}
 _SPLIT_SALT = "tau2/eval-or-test/"
 
 
@@ -118,7 +121,7 @@ def verifiable(source: _Source) -> bool:
     that the original tools accept changes the database."""
     if source.info:
         return True
-    writes = _TOOLS[source.domain].WRITES
+    writes = _TOOLS[source.domain].writes
     if source.source_id in _REFUSED_WRITES[source.domain]:
         return False
     return any(action["name"] in writes for action in source.actions)
@@ -226,8 +229,7 @@ class Tau2Family:
     def __init__(
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
-        self.runtime = runtime if runtime is not None else RuntimeConfig()
-        self.runtime_kind = choose_runtime(self.name, self.runtime, self.runtimes)
+        self.runtime, self.runtime_kind = runtime_choice(self.name, runtime, self.runtimes)
         self.services = services if services is not None else FamilyServices()
         self.options = family_options(self.name, Tau2Options, self.services.options)
         self._user: ChatClient | None = None
@@ -235,8 +237,7 @@ class Tau2Family:
     # -- instances ------------------------------------------------------------------------
     def served(self, split: str) -> list[_Source]:
         """The tasks of `split` this family serves, in a fixed order."""
-        if split not in self.splits:
-            raise ValueError(f"unknown split '{split}'; expected one of {', '.join(self.splits)}")
+        check_split(split, self.splits)
         return [
             source
             for domain in self.options.domains
@@ -247,16 +248,18 @@ class Tau2Family:
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct tasks of `split` in a seeded order (a larger `n` extends a smaller)."""
-        if n < 0:
-            raise ValueError(f"n must be non-negative, got {n}")
-        pool = self.served(split)
-        if n > len(pool):
-            raise ValueError(
-                f"task family 'tau2' has only {len(pool)} '{split}' tasks in "
+        pool = shuffled_pool(
+            self.name,
+            self.served(split),
+            n,
+            seed,
+            split,
+            lambda held: (
+                f"task family 'tau2' has only {held} '{split}' tasks in "
                 f"{'+'.join(self.options.domains)}, {n} asked"
-            )
-        random.Random(f"{self.name}/{seed}/{split}").shuffle(pool)
-        return [self._task(source, split, index) for index, source in enumerate(pool[:n])]
+            ),
+        )
+        return [self._task(source, split, index) for index, source in enumerate(pool)]
 
     def task_of(self, domain: str, source_id: str, split: str = "eval", index: int = 0) -> Task:
         """The task built from tau2's task `source_id` of `domain`, whatever its split (for
@@ -267,21 +270,18 @@ class Tau2Family:
         raise KeyError(f"tau2 {domain} has no task {source_id!r}")
 
     def _task(self, source: _Source, split: str, index: int) -> Task:
-        return Task(
-            id=task_id(self.name, split, index),
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": agent_system_prompt(source.domain)},
-                {"role": "user", "content": OPENING},
-            ],
-            data={
+        return instance_task(
+            self.name,
+            split,
+            index,
+            opening(agent_system_prompt(source.domain), OPENING),
+            {
                 "domain": source.domain,
                 "source_id": source.source_id,
                 "actions": source.actions,
                 "communicate_info": source.info,
                 "user_system": user_system_prompt(source.record),
             },
-            split=split,
         )
 
     # -- tools and runtime --------------------------------------------------------------
@@ -289,7 +289,7 @@ class Tau2Family:
         """Every tool of every served domain (a rollout sees only its domain's: `tools_for`)."""
         seen: dict[str, Any] = {}
         for domain in self.options.domains:
-            for item in _TOOLS[domain].TOOLS:
+            for item in _TOOLS[domain].tools:
                 seen.setdefault(item.name, item)
         return ToolRegistry(seen.values())
 

@@ -11,52 +11,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from conveyor.agent.tools import Tool, ToolContext, ToolRegistry, tool
-from conveyor.tasks.tau2.common import ToolError, calculate, dump, transfer_to_human_agents, world
+from conveyor.agent.tools import ToolContext, tool
+from conveyor.tasks.tau2.common import (
+    DomainTools,
+    ToolError,
+    calculate,
+    dump,
+    lookup,
+    transfer_to_human_agents,
+)
 
 DOMAIN = "retail"
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
 
 
 def _db(ctx: ToolContext) -> dict[str, Any]:
-    return world(ctx, DOMAIN).db
+    return RETAIL.db(ctx)
 
 
 def _order(db: dict[str, Any], order_id: str) -> dict[str, Any]:
-    if order_id not in db["orders"]:
-        raise ToolError("Order not found")
-    order: dict[str, Any] = db["orders"][order_id]
-    return order
+    return lookup(db["orders"], order_id, "Order not found")
 
 
 def _user(db: dict[str, Any], user_id: str) -> dict[str, Any]:
-    if user_id not in db["users"]:
-        raise ToolError("User not found")
-    user: dict[str, Any] = db["users"][user_id]
-    return user
+    return lookup(db["users"], user_id, "User not found")
 
 
 def _product(db: dict[str, Any], product_id: str) -> dict[str, Any]:
-    if product_id not in db["products"]:
-        raise ToolError("Product not found")
-    product: dict[str, Any] = db["products"][product_id]
-    return product
+    return lookup(db["products"], product_id, "Product not found")
 
 
 def _variant(db: dict[str, Any], product_id: str, item_id: str) -> dict[str, Any]:
-    product = _product(db, product_id)
-    if item_id not in product["variants"]:
-        raise ToolError("Variant not found")
-    variant: dict[str, Any] = product["variants"][item_id]
-    return variant
+    return lookup(_product(db, product_id)["variants"], item_id, "Variant not found")
 
 
 def _payment_method(db: dict[str, Any], user_id: str, payment_method_id: str) -> dict[str, Any]:
-    user = _user(db, user_id)
-    if payment_method_id not in user["payment_methods"]:
-        raise ToolError("Payment method not found")
-    method: dict[str, Any] = user["payment_methods"][payment_method_id]
-    return method
+    methods = _user(db, user_id)["payment_methods"]
+    return lookup(methods, payment_method_id, "Payment method not found")
 
 
 def _is_gift_card(method: dict[str, Any]) -> bool:
@@ -463,38 +454,34 @@ async def return_delivered_order_items(
     return dump(order)
 
 
-TOOLS: tuple[Tool, ...] = (
-    calculate,
-    cancel_pending_order,
-    exchange_delivered_order_items,
-    find_user_id_by_email,
-    find_user_id_by_name_zip,
-    get_order_details,
-    get_product_details,
-    get_user_details,
-    list_all_product_types,
-    modify_pending_order_address,
-    modify_pending_order_items,
-    modify_pending_order_payment,
-    modify_user_address,
-    return_delivered_order_items,
-    transfer_to_human_agents,
+RETAIL = DomainTools(
+    DOMAIN,
+    (
+        calculate,
+        cancel_pending_order,
+        exchange_delivered_order_items,
+        find_user_id_by_email,
+        find_user_id_by_name_zip,
+        get_order_details,
+        get_product_details,
+        get_user_details,
+        list_all_product_types,
+        modify_pending_order_address,
+        modify_pending_order_items,
+        modify_pending_order_payment,
+        modify_user_address,
+        return_delivered_order_items,
+        transfer_to_human_agents,
+    ),
+    frozenset(
+        {
+            "cancel_pending_order",
+            "exchange_delivered_order_items",
+            "modify_pending_order_address",
+            "modify_pending_order_items",
+            "modify_pending_order_payment",
+            "modify_user_address",
+            "return_delivered_order_items",
+        }
+    ),
 )
-
-# The tools that change the database (the others only read it).
-WRITES = frozenset(
-    {
-        "cancel_pending_order",
-        "exchange_delivered_order_items",
-        "modify_pending_order_address",
-        "modify_pending_order_items",
-        "modify_pending_order_payment",
-        "modify_user_address",
-        "return_delivered_order_items",
-    }
-)
-
-
-def registry() -> ToolRegistry:
-    """A fresh registry of the retail tools."""
-    return ToolRegistry(TOOLS)

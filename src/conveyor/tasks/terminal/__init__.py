@@ -2,7 +2,7 @@
 
 Tasks are folders in the Harbor format (see `harbor`): our own shell and Python chores (12 chores x
 12 variants: variant 00 of each shipped in `data/`, the rest written into the cache on first use,
-all by `conveyor.tasks.terminal_chores`), plus any folders named by the `dirs`
+all by `conveyor.tasks.terminal.chores`), plus any folders named by the `dirs`
 option, run unchanged. Each rollout runs in bubblewrap when the folder's Dockerfile is a plain
 base with only `COPY`/`WORKDIR`/`ENV` (`sandbox`), else in docker where an engine answers
 (`docker_env`). A folder that can run in neither is an error when the family is built (option
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import random
 import shlex
 import shutil
 import tempfile
@@ -55,11 +54,15 @@ from conveyor.tasks.family import (
     SPLIT_SHARES,
     FamilyServices,
     Grade,
+    check_split,
     family_options,
+    instance_task,
+    opening,
     register_family,
+    shuffled_pool,
     split_of,
-    task_id,
 )
+from conveyor.tasks.terminal.chores import SHIPPED_VARIANTS, VARIANTS, write_folders
 from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
 from conveyor.tasks.terminal.harbor import HarborTask, find_task_dirs, load_task
 from conveyor.tasks.terminal.sandbox import (
@@ -69,7 +72,6 @@ from conveyor.tasks.terminal.sandbox import (
     run_verifier,
     template_for,
 )
-from conveyor.tasks.terminal_chores import SHIPPED_VARIANTS, VARIANTS, write_folders
 from conveyor.types import Task, ToolCall, Trajectory
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ def shipped_dir() -> Path:
 
 
 def generated_dir() -> Path:
-    """The chores' other variants (01 ..), written by `conveyor.tasks.terminal_chores` into the
+    """The chores' other variants (01 ..), written by `conveyor.tasks.terminal.chores` into the
     cache once per family version and moved into place whole, so a crash or a concurrent
     process never leaves a half-written set behind."""
     root = cache_root() / f"chores-v{TerminalFamily.version}-{SHIPPED_VARIANTS}-{VARIANTS}"
@@ -283,36 +285,34 @@ class TerminalFamily:
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` task folders of `split` in a seed-shuffled order; `ValueError` if there are
         fewer."""
-        if split not in SPLIT_SHARES:
-            raise ValueError(f"unknown split '{split}'; expected one of {', '.join(SPLIT_SHARES)}")
-        names = sorted(name for name in self.tasks if split_of(name) == split)
-        random.Random(f"terminal/{seed}/{split}").shuffle(names)
-        if len(names) < n:
-            raise ValueError(
-                f"terminal: only {len(names)} '{split}' task folders (of {len(self.tasks)}); "
+        check_split(split)
+        names = shuffled_pool(
+            self.name,
+            sorted(name for name in self.tasks if split_of(name) == split),
+            n,
+            seed,
+            split,
+            lambda held: (
+                f"terminal: only {held} '{split}' task folders (of {len(self.tasks)}); "
                 f"asked for {n}"
-            )
-        return [self._task(self.tasks[name], split, i) for i, name in enumerate(names[:n])]
+            ),
+        )
+        return [self._task(self.tasks[name], split, i) for i, name in enumerate(names)]
 
     def _task(self, harbor: HarborTask, split: str, index: int) -> Task:
         workdir = harbor.environment.workdir or "the task's working folder"
-        return Task(
-            id=f"{task_id(self.name, split, index)}-{harbor.name}",
-            family=self.name,
-            prompt=[
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {
-                    "role": "user",
-                    "content": f"{harbor.instruction.strip()}\n\n(Working folder: {workdir})",
-                },
-            ],
-            data={
+        return instance_task(
+            self.name,
+            split,
+            index,
+            opening(SYSTEM_PROMPT, f"{harbor.instruction.strip()}\n\n(Working folder: {workdir})"),
+            {
                 "name": harbor.name,
                 "kind": self.kinds[harbor.name],
                 "command_timeout_s": min(harbor.agent_timeout_s, self.options.max_command_s),
                 "output_chars": self.options.output_chars,
             },
-            split=split,
+            name=harbor.name,
         )
 
     def tools(self) -> ToolRegistry:

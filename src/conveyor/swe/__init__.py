@@ -1,2 +1,0 @@
-"""The SWE recipe: task rows, the test-graded reward and its guards, the task factory, and the
-`swe` task family (registered when `conveyor.swe.family` is imported)."""
