@@ -35,6 +35,8 @@ def leaf_keys(model: type[BaseModel] = ConveyorConfig, prefix: str = "") -> list
         annotation = field.annotation
         if annotation is PartChoice:
             keys.append(f"{prefix}{name}")  # a part: one key, {name, options} or a name
+        elif annotation is BaseModel:
+            keys.append(f"{prefix}{name}")  # `engine.options`: the options of the kind's part
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys.extend(leaf_keys(annotation, f"{prefix}{name}."))
         else:

@@ -102,7 +102,8 @@ class PartSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec(PartSpec):
-    """A dispatch strategy; `build(engine_stages, settings, engine=, telemetry=)` is its class.
+    """A dispatch strategy; `build(engine_stages, settings, engine=, telemetry=)` is its class
+    (its options are `settings.strategy.options`).
 
     `run_pool`: the `dispatch` key that bounds its run stage (every rollout there holds a
     runtime, so `dispatch.max_live_runtimes` must admit it).
@@ -126,7 +127,7 @@ class LossSpec(PartSpec):
 @dataclass(frozen=True, kw_only=True)
 class EngineSpec(PartSpec):
     """A sampling engine kind; `build(config, model_path)` is the client
-    (`conveyor.engines.factory.build_engine` calls it).
+    (`conveyor.engines.factory.build_engine` calls it; its options are `config.engine.options`).
 
     - `weight_updates`: takes new weights in place (training can sync into it);
     - `kv_stats`: reports KV-cache statistics;
@@ -143,7 +144,8 @@ class EngineSpec(PartSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeSpec(PartSpec):
-    """A runtime kind; `build(request, settings)` is a runtime for one rollout.
+    """A runtime kind; `build(request, settings)` is a runtime for one rollout (its options are
+    `settings.options`).
 
     `needs_image`: its sandboxes run an image (`runtime.docker_image`)."""
 
@@ -152,7 +154,8 @@ class RuntimeSpec(PartSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutorSpec(PartSpec):
-    """Where the dispatch stages run; `build()` is the executor.
+    """Where the dispatch stages run; `build(**options)` is the executor, its options model's
+    fields as keyword arguments (`dispatch.executor.options`).
 
     `in_process`: the stages run in this process (where the agent loop and the cluster
     section's own actors are driven from), so a warm pool of runtimes started here can serve

@@ -55,7 +55,7 @@ def test_executor_from_yaml_places_the_stages(tmp_path: Path) -> None:
     from conveyor.registry import EXECUTORS
 
     config = load_config(write(tmp_path, "dispatch:\n  executor: asyncio\n")).config
-    assert config.dispatch.executor == "asyncio"
+    assert config.dispatch.executor.name == "asyncio"
     with pytest.raises(ConfigError, match=r"unknown dispatch executor 'rya'.*did you mean 'ray'"):
         load_config(write(tmp_path, "dispatch:\n  executor: rya\n"))
     assert {"asyncio", "ray"} <= set(EXECUTORS.names())

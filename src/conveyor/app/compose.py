@@ -241,7 +241,10 @@ class Composition:
 
         settings = DispatchSettings.from_config(self.config)
         if strategy is not None:
-            settings = settings.model_copy(update={"strategy": strategy})
+            # Validated, so the name becomes the strategy's {name, options} like a config's.
+            settings = DispatchSettings.model_validate(
+                {**settings.model_dump(), "strategy": strategy}
+            )
         return make_dispatcher(settings, stages, engine=engine)
 
     def tasks(self, n: int | None = None, split: str | None = None) -> list[Task]:
@@ -258,7 +261,7 @@ class Composition:
     @property
     def backend_spec(self) -> BackendSpec:
         """The training backend `trainer.backend` names (`conveyor.registry.BACKENDS`)."""
-        from conveyor.registry import BACKENDS
+        from conveyor.registry import BACKENDS, ENGINES
 
         return BACKENDS.spec(self.config.trainer.backend.name)
 
@@ -307,7 +310,10 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     own = BACKENDS.spec(config.trainer.backend.name).sampler
     if not own:
         return config
-    engine = config.engine.model_copy(update={"kind": own})
+    # The config's options were checked against the default kind's model; the sampler's own
+    # model checks them again (an unset kind leaves them empty).
+    options = ENGINES.spec(own).validate_options(config.engine.options, "engine.options")
+    engine = config.engine.model_copy(update={"kind": own, "options": options})
     return config.model_copy(update={"engine": engine})
 
 

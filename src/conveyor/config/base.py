@@ -13,12 +13,10 @@ from pydantic import (
     SerializeAsAny,
 )
 
-from conveyor.registry import ENGINES, EXECUTORS, STRATEGIES, NoOptions, PartSpec, Registry
+from conveyor.registry import ENGINES, NoOptions, PartSpec, Registry
 
 # Text fields that must name a registered part: the registries own the names, so one a plugin
 # registers is as valid as a built-in one, and a wrong one is answered with the known names.
-StrategyName = Annotated[str, AfterValidator(STRATEGIES.check)]
-ExecutorName = Annotated[str, AfterValidator(EXECUTORS.check)]
 EngineKind = Annotated[str, AfterValidator(ENGINES.check)]
 
 
@@ -96,3 +94,30 @@ def chooser(registry: Registry[Any], key: str, default: str) -> Callable[[Any], 
 def default_part(registry: Registry[Any], key: str, name: str) -> Callable[[], PartChoice]:
     """A default factory: the part `name` with its default options."""
     return lambda: _choose(registry, key, name, name)
+
+
+def kind_options(
+    data: Any, registry: Registry[Any], section: str, default: str, *, open_value: str | None = None
+) -> Any:
+    """A section's raw mapping (`engine`, `runtime`) with its `options` checked by the options
+    model of the part its `kind` names (`default` when unset): the section holds that model's
+    instance, so the part reads typed options. A kind that is not registered is left to the
+    kind's own check (its options are dropped, so only the kind is reported); `open_value`
+    (`auto`) names no part, so it takes no options."""
+    if not isinstance(data, dict):
+        return data
+    kind = data.get("kind", default)
+    raw = data.get("options")
+    if kind == open_value and open_value is not None:
+        if raw:
+            raise ValueError(
+                f"{section}.options configures the part {section}.kind names, and "
+                f"{section}.kind {open_value!r} names none; set {section}.kind too"
+            )
+        return {**data, "options": NoOptions()}
+    if not isinstance(kind, str) or kind not in registry:
+        return {key: value for key, value in data.items() if key != "options"}
+    if raw is not None and not isinstance(raw, dict | BaseModel):
+        raise ValueError(f"{section}.options must be a mapping of the part's options, got {raw!r}")
+    spec: PartSpec = registry.spec(kind)
+    return {**data, "options": spec.validate_options(raw, f"{section}.options")}

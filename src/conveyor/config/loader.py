@@ -45,7 +45,7 @@ class ResolvedConfig:
 
 def _section_type(field: FieldInfo) -> type[BaseModel] | None:
     annotation = field.annotation
-    if _is_part(field):
+    if _is_part(field) or _is_kind_options(field):
         return None  # one key: a name, or {name, options} the part's own model checks
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -55,6 +55,12 @@ def _section_type(field: FieldInfo) -> type[BaseModel] | None:
 def _is_part(field: FieldInfo) -> bool:
     annotation = field.annotation
     return isinstance(annotation, type) and issubclass(annotation, PartChoice)
+
+
+def _is_kind_options(field: FieldInfo) -> bool:
+    """`engine.options`, `runtime.options`: a mapping the options model of the part the
+    section's `kind` names checks, so one key here, whatever that model's fields."""
+    return field.annotation is BaseModel
 
 
 def _collect_keys(
@@ -291,6 +297,11 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
                 _set_part_option(target, name, parts[depth + 1 :], text, override)
                 sources[".".join(parts[: depth + 1])] = source
                 return
+            if _is_kind_options(field):
+                # `--set engine.options.port=9000`: one option of the part `kind` names.
+                _set_part_option(target, name, parts[depth + 1 :], text, override, nested=True)
+                sources[".".join(parts[: depth + 1])] = source
+                return
             raise _unknown_key(key, source, model)
         if section is not None and last:
             raise ConfigError(
@@ -314,12 +325,21 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
 
 
 def _set_part_option(
-    target: dict[str, Any], name: str, path: list[str], text: str, override: str
+    target: dict[str, Any],
+    name: str,
+    path: list[str],
+    text: str,
+    override: str,
+    *,
+    nested: bool = False,
 ) -> None:
-    """Set `path` (``name`` or ``options.<key>...``) inside the part key `name` of `target`,
-    keeping what the file gave it (a plain name becomes ``{name: ...}``)."""
+    """Set `path` (``name`` or ``options.<key>...``; with `nested`, an options mapping's own
+    ``<key>...``) inside the part key `name` of `target`, keeping what the file gave it (a plain
+    name becomes ``{name: ...}``)."""
     current = target.get(name)
-    part: dict[str, Any] = {"name": current} if isinstance(current, str) else dict(current or {})
+    part: dict[str, Any] = (
+        {"name": current} if isinstance(current, str) and not nested else dict(current or {})
+    )
     target[name] = part
     inner = part
     for step in path[:-1]:
@@ -338,6 +358,8 @@ def _set_part_option(
 def _describe(field: FieldInfo) -> str:
     if _is_part(field):
         return "a registered name, or {name, options} checked by that part's options model"
+    if _is_kind_options(field):
+        return "a mapping checked by the options model of the part the section's kind names"
     annotation = field.annotation
     if get_origin(annotation) is Literal:
         text = "one of " + ", ".join(repr(option) for option in get_args(annotation))

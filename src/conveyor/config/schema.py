@@ -86,13 +86,13 @@ class ConveyorConfig(Section):
 
 def _pool_problems(dispatch: DispatchConfig) -> list[str]:
     """R must admit the strategy's whole run pool, or part of the pool can never run."""
-    key = STRATEGIES.spec(dispatch.strategy).run_pool
+    key = STRATEGIES.spec(dispatch.strategy.name).run_pool
     pool = dispatch.model_dump()[key]
     if dispatch.max_live_runtimes >= pool:
         return []
     return [
         f"dispatch.max_live_runtimes ({dispatch.max_live_runtimes}) is below the run pool "
-        f"dispatch.{key} ({pool}) of strategy '{dispatch.strategy}': every rollout in the run "
+        f"dispatch.{key} ({pool}) of strategy '{dispatch.strategy.name}': every rollout in the run "
         "stage holds a runtime, so raise R or lower the pool"
     ]
 
@@ -121,10 +121,10 @@ def _runtime_problems(config: "ConveyorConfig") -> list[str]:
     a warm pool lives in the process that starts the runtimes (the asyncio executor's)."""
     kind = config.runtime.kind
     problems = []
-    if config.runtime.warm_pool and not EXECUTORS.spec(config.dispatch.executor).in_process:
+    if config.runtime.warm_pool and not EXECUTORS.spec(config.dispatch.executor.name).in_process:
         problems.append(
             f"runtime.warm_pool ({config.runtime.warm_pool}) needs dispatch.executor 'asyncio', "
-            f"not {config.dispatch.executor!r} (an executor that runs the stages in this "
+            f"not {config.dispatch.executor.name!r} (an executor that runs the stages in this "
             "process): there each runtime starts in an actor of its own, where a pool would keep "
             "idle sandboxes per actor (set warm_pool: 0)"
         )
@@ -174,9 +174,9 @@ def _cluster_problems(config: "ConveyorConfig") -> list[str]:
             "engine.server_args are arguments of the replica servers that engine.replicas > 1 "
             "(or cluster.engine_resource) starts; with one in-process engine nothing reads them"
         )
-    if cluster.address is not None and not EXECUTORS.spec(config.dispatch.executor).in_process:
+    if cluster.address is not None and not EXECUTORS.spec(config.dispatch.executor.name).in_process:
         problems.append(
-            f"dispatch.executor {config.dispatch.executor!r} with cluster.address set: the "
+            f"dispatch.executor {config.dispatch.executor.name!r} with cluster.address set: the "
             "cluster section already places every runtime in a Ray actor on a node with "
             f"'{cluster.sandbox_resource}'; leave dispatch.executor at 'asyncio' (where the "
             "agent loop itself runs)"

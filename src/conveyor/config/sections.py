@@ -1,12 +1,35 @@
 """Config sections of the model, engine, sampling, agent loop, tasks, dispatch and run folder."""
 
 import math
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from conveyor.config.base import EngineKind, ExecutorName, Section, StrategyName
-from conveyor.registry import ENGINES, FAMILIES, RUNTIMES
+from conveyor.config.base import (
+    EngineKind,
+    PartChoice,
+    Section,
+    chooser,
+    default_part,
+    kind_options,
+)
+from conveyor.registry import ENGINES, EXECUTORS, FAMILIES, RUNTIMES, STRATEGIES, NoOptions
+
+# The config value of `runtime.kind` that leaves the choice to each task family; it names no
+# part (compare against this, never the text).
+AUTO = "auto"
+
+# `options` of a section whose `kind` names the part (`engine`, `runtime`): an instance of that
+# part's own options model, put there by the section's `kind_options` check.
+KindOptions = SerializeAsAny[BaseModel]
 
 
 class ModelConfig(Section):
@@ -42,6 +65,11 @@ class EngineConfig(Section):
         "'openai' (an OpenAI-compatible HTTP server at base_url), 'hf' (in-process Hugging Face "
         "transformers generate: slow, no batching, for checks), 'simulated' (a fake engine with "
         "a latency model), or one registered by a plugin.",
+    )
+    options: KindOptions = Field(
+        default_factory=NoOptions,
+        description="Options of the engine kind names, checked by that kind's own options model "
+        "(the built-in kinds take their settings as this section's keys, so none).",
     )
     base_url: str | None = Field(
         default=None,
@@ -127,6 +155,11 @@ class EngineConfig(Section):
         "picks it by the engine's dtype (5e-4 float32, 0.1 bfloat16, 0.05 float16). See "
         "docs/algorithms.md, 'Weight sync check'.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_options(cls, data: Any) -> Any:
+        return kind_options(data, ENGINES, "engine", "vllm")
 
     @model_validator(mode="after")
     def _servers_need_urls(self) -> Self:
@@ -366,7 +399,6 @@ class TasksConfig(Section):
         return families
 
 
-AUTO = "auto"
 # Runtime start limits (docs/sandbox.md, "Start storms"): a first wave of up to 128 runtimes
 # (the default max_live_runtimes) starts within 2 s, well under any engine's first generation.
 DEFAULT_START_RATE = 32.0
@@ -383,6 +415,11 @@ class RuntimeConfig(Section):
         "for arithmetic and filenav, bubblewrap for swe) or a registered runtime kind "
         "(simulated, local, bubblewrap, docker, or a plugin's). A family refuses at start a "
         "kind it cannot use.",
+    )
+    options: KindOptions = Field(
+        default_factory=NoOptions,
+        description="Options of the runtime kind names, checked by that kind's own options "
+        "model (needs kind set to a runtime, not 'auto'; the built-in kinds take none).",
     )
     docker_image: str | None = Field(
         default=None,
@@ -444,6 +481,11 @@ class RuntimeConfig(Section):
             raise ValueError(f"runtime.warm_pool must be >= 0 (0 = off), got {size}")
         return size
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_options(cls, data: Any) -> Any:
+        return kind_options(data, RUNTIMES, "runtime", AUTO, open_value=AUTO)
+
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
@@ -456,6 +498,16 @@ class RuntimeConfig(Section):
                 f"runtime.kind {self.kind!r} needs runtime.docker_image (the image to run)"
             )
         return self
+
+
+# `dispatch.strategy` and `dispatch.executor`: `{name, options}` (or the name alone), checked by
+# the part's own spec.
+StrategyChoice = Annotated[
+    PartChoice, BeforeValidator(chooser(STRATEGIES, "dispatch.strategy", "pipeline"))
+]
+ExecutorChoice = Annotated[
+    PartChoice, BeforeValidator(chooser(EXECUTORS, "dispatch.executor", "asyncio"))
+]
 
 
 class DispatchConfig(Section):
@@ -483,15 +535,16 @@ class DispatchConfig(Section):
     as infra.
     """
 
-    strategy: StrategyName = Field(
-        default="pipeline",
-        description="Scheduling strategy: a name in the strategy registry (batch, "
-        "bounded_batch, pipeline, auto, or one registered by a plugin).",
+    strategy: StrategyChoice = Field(
+        default_factory=default_part(STRATEGIES, "dispatch.strategy", "pipeline"),
+        description="Scheduling strategy, {name, options} or a name in the strategy registry "
+        "(batch, bounded_batch, pipeline, auto, or one registered by a plugin); its options "
+        "are checked by its own model.",
     )
-    executor: ExecutorName = Field(
-        default="asyncio",
-        description="Where the stages run: 'asyncio' (this process) or 'ray' (Ray actors), or "
-        "an executor registered by a plugin.",
+    executor: ExecutorChoice = Field(
+        default_factory=default_part(EXECUTORS, "dispatch.executor", "asyncio"),
+        description="Where the stages run, {name, options} or a name: 'asyncio' (this "
+        "process) or 'ray' (Ray actors), or an executor registered by a plugin.",
     )
     max_parallel: int = Field(default=96, ge=1, description="P of bounded_batch / batch.")
     p_init: int = Field(default=32, ge=1, description="Init-stage workers (pipeline).")

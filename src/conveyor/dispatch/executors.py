@@ -1,15 +1,18 @@
 """Where the stages run: in this process (asyncio) or in Ray actors (`ray_executor`).
 
 Executors are named in `conveyor.registry.EXECUTORS` (`dispatch.executor` in config);
-`make_executor(name)` builds the one a config names.
+`make_executor(choice)` builds the one a config names, with its options.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from conveyor.dispatch.stages import RolloutStages
 from conveyor.registry import EXECUTORS
+
+if TYPE_CHECKING:
+    from conveyor.config.base import PartChoice
 
 
 class Executor(Protocol):
@@ -29,6 +32,7 @@ class AsyncioExecutor:
         return stages
 
 
-def make_executor(name: str) -> Executor:
-    """The executor registered as `name`, with its defaults; `UnknownName` listing the known."""
-    return EXECUTORS.get(name)()
+def make_executor(choice: PartChoice) -> Executor:
+    """The executor `choice` names, built with its options' fields as keyword arguments (none
+    for the built-in ones); `UnknownName` listing the known."""
+    return EXECUTORS.get(choice.name)(**choice.options.model_dump())

@@ -18,7 +18,9 @@ def make_dispatcher(
     engine: EngineProbe | None = None,
     telemetry: Telemetry | None = None,
 ) -> Dispatcher:
-    """The strategy `settings.strategy` driving `stages` placed by `executor` (default: the
-    executor `settings.executor` names, asyncio unless configured)."""
+    """The strategy `settings.strategy` names driving `stages` placed by `executor` (default:
+    the executor `settings.executor` names, asyncio unless configured). The strategy reads its
+    options as `settings.strategy.options`."""
     placed = (executor or make_executor(settings.executor)).place(stages)
-    return STRATEGIES.get(settings.strategy)(placed, settings, engine=engine, telemetry=telemetry)
+    strategy = STRATEGIES.get(settings.strategy.name)
+    return strategy(placed, settings, engine=engine, telemetry=telemetry)
