@@ -147,9 +147,19 @@ class RuntimeSpec(PartSpec):
     """A runtime kind; `build(request, settings)` is a runtime for one rollout (its options are
     `settings.options`).
 
-    `needs_image`: its sandboxes run an image (`runtime.docker_image`)."""
+    - `needs_image`: its sandboxes run an image (`runtime.docker_image`);
+    - `hides_paths`: its sandboxes can show host folders empty (`RuntimeRequest.hidden`, e.g. a
+      dataset's package holding the graders' answers), and bind host folders read-only over
+      a host workspace (what the SWE grader's test sandbox needs);
+    - `unsandboxed`: its commands run as plain processes on this host, with no isolation (only
+      for code one trusts);
+    - `available()`: whether it can run here, and why not (None: nothing to check).
+    """
 
     needs_image: bool = False
+    hides_paths: bool = False
+    unsandboxed: bool = False
+    available: Callable[[], tuple[bool, str]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

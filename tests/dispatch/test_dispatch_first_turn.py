@@ -114,7 +114,9 @@ def test_the_overlap_control_is_registered_and_bounded_by_its_slots() -> None:
     rollout's slot, so the engine never holds more than `max_parallel` of our sessions, and
     with the overlap the batch ends earlier than plain bounded_batch at the same P."""
     assert "bounded_batch_overlap" in STRATEGIES.names()
-    assert DispatchSettings(strategy="bounded_batch_overlap").strategy.name == "bounded_batch_overlap"
+    assert (
+        DispatchSettings(strategy="bounded_batch_overlap").strategy.name == "bounded_batch_overlap"
+    )
 
     peak, overlapped, out = run_virtual(_peak_run("bounded_batch_overlap", max_parallel=5))
     _, plain, plain_out = run_virtual(_peak_run("bounded_batch", max_parallel=5))

@@ -1,17 +1,21 @@
-"""Parts added from outside the package: a dispatch strategy, advantage estimators (one with
-options of its own), a policy loss, a training backend, an engine
-and a task family, each one file in tests/plugins/parts plus a registration, named in a YAML
+"""Parts added from outside the package: a dispatch strategy and an engine (each with options of
+its own), advantage estimators (one with options), a policy loss, a training backend and a
+task family, each one file in tests/plugins/parts plus a registration, named in a YAML
 config through `plugins:` and run by the real commands."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conveyor.config import ConfigError, load_config
+from conveyor.dispatch.config import DispatchSettings
 
 PARTS = Path(__file__).parent / "parts"
 PLUGINS = ["serial_strategy", "centred_advantage", "counting_engine", "echo_family"]
@@ -19,6 +23,7 @@ CONFIG = f"""\
 plugins: [{", ".join(PLUGINS)}]
 engine:
   kind: counting_vllm
+  options: {{tag: counted}}
   max_num_seqs: 8
   kv_cache_gib: 0.5
 sampling:
@@ -34,7 +39,9 @@ tasks:
   num_tasks: 4
   group_size: 2
 dispatch:
-  strategy: serial
+  strategy:
+    name: serial
+    options: {{label: one_by_one}}
   max_live_runtimes: 96
 rl:
   steps: 1
@@ -86,6 +93,57 @@ def test_config_names_plugin_parts_and_refuses_them_without_the_plugin(tmp_path:
     assert failed.returncode == 2 and "'no_such_module' cannot be imported" in failed.stderr
 
 
+def test_a_plugin_strategy_and_engine_get_typed_options_from_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dispatch.strategy` and `engine.options` are checked at load by the plugin part's own
+    options model (nothing is built): the config holds that model's instance, and the built
+    strategy reads it from its settings."""
+    monkeypatch.syspath_prepend(str(PARTS))
+    config = tmp_path / "plugins.yaml"
+    config.write_text(CONFIG)
+    loaded = load_config(config).config
+    strategy = loaded.dispatch.strategy
+    assert strategy.name == "serial"
+    assert type(strategy.options).__name__ == "SerialOptions"
+    assert strategy.options.model_dump() == {"label": "one_by_one"}
+    assert type(loaded.engine.options).__name__ == "CountingOptions"
+    assert loaded.engine.options.model_dump() == {"tag": "counted"}
+    # the dispatcher's settings carry them to the strategy the factory builds
+    settings = DispatchSettings.from_config(loaded)
+    assert settings.strategy.options == strategy.options
+    # overrides reach one option, as for a built-in part
+    overridden = load_config(
+        config, ["dispatch.strategy.options.label=other", "engine.options.tag=again"]
+    ).config
+    assert overridden.dispatch.strategy.options.model_dump() == {"label": "other"}
+    assert overridden.engine.options.model_dump() == {"tag": "again"}
+    # a plain name still works, with the part's default options
+    plain = load_config(config, ["dispatch.strategy=serial"]).config
+    assert plain.dispatch.strategy.options.model_dump() == {"label": "serial"}
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("dispatch.strategy.options.lable=x", "dispatch.strategy.options.lable"),
+        ("dispatch.strategy.options.label=3", "dispatch.strategy.options.label"),
+        ("engine.options.tag=", "engine.options.tag"),
+        ("engine.options.tags=x", "engine.options.tags"),
+        ("dispatch.executor.options.workers=2", "dispatch.executor.options.workers"),
+        ("runtime.options.size=2", "runtime.options"),
+    ],
+)
+def test_bad_options_of_a_plugin_strategy_or_engine_are_refused_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, override: str, key: str
+) -> None:
+    monkeypatch.syspath_prepend(str(PARTS))
+    config = tmp_path / "plugins.yaml"
+    config.write_text(CONFIG)
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(config, [override])
+
+
 @pytest.mark.slow
 def test_a_training_run_uses_every_plugin_part(tmp_path: Path, model_dir: Path) -> None:
     config = tmp_path / "plugins.yaml"
@@ -96,10 +154,11 @@ def test_a_training_run_uses_every_plugin_part(tmp_path: Path, model_dir: Path) 
     assert done.returncode == 0, done.stderr[-4000:]
     lines = log.read_text().splitlines()
     assert "advantage centred 2 groups" in lines  # the one RL step's 2 groups
-    # the strategy ran the evaluation before, the step's 4 rollouts and the evaluation after
-    assert lines.count("strategy serial 2 rollouts") == 2
-    assert "strategy serial 4 rollouts" in lines
-    assert sum(1 for line in lines if line == "engine counting request") >= 8
+    # the strategy ran the evaluation before, the step's 4 rollouts and the evaluation after,
+    # and the strategy and the engine each logged under the label their YAML options gave
+    assert lines.count("strategy one_by_one 2 rollouts") == 2
+    assert "strategy one_by_one 4 rollouts" in lines
+    assert sum(1 for line in lines if line == "engine counted request") >= 8
     rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 4 and all(r["task_id"].startswith("echo-train-") for r in rollouts)
     (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -116,8 +175,11 @@ def options_config(backend_log: Path) -> str:
         CONFIG.replace(
             f"plugins: [{', '.join(PLUGINS)}]", f"plugins: [{', '.join(OPTION_PLUGINS)}]"
         )
-        .replace("  kind: counting_vllm\n", "  kind: vllm\n")
-        .replace("  strategy: serial\n", "  strategy: pipeline\n")
+        .replace("  kind: counting_vllm\n  options: {tag: counted}\n", "  kind: vllm\n")
+        .replace(
+            "  strategy:\n    name: serial\n    options: {label: one_by_one}\n",
+            "  strategy: pipeline\n",
+        )
         .replace(
             "  advantage: centred\n",
             "  advantage:\n    name: shifted\n    options: {baseline: 0.25, scale: 2.0}\n",

@@ -13,6 +13,7 @@ import pytest
 
 from conveyor.agent.tools import ToolContext, ToolOutcome, ToolRegistry
 from conveyor.config import RuntimeConfig
+from conveyor.runtime import bubblewrap
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.limits import SandboxLimits
 from conveyor.tasks import executor
@@ -161,7 +162,7 @@ def test_missing_bubblewrap_is_a_clear_infrastructure_error(
     def missing() -> tuple[bool, str]:
         return False, "missing bwrap on PATH (apt-get install bubblewrap)"
 
-    monkeypatch.setattr(executor, "bubblewrap_available", missing)
+    monkeypatch.setattr(bubblewrap, "bubblewrap_available", missing)
     assert executor.executor_available() == (False, missing()[1])
     with pytest.raises(RuntimeFailure, match=r"needs bubblewrap.*apt-get install bubblewrap"):
         run(start_executor_runtime(RuntimeConfig()))

@@ -261,7 +261,7 @@ class Composition:
     @property
     def backend_spec(self) -> BackendSpec:
         """The training backend `trainer.backend` names (`conveyor.registry.BACKENDS`)."""
-        from conveyor.registry import BACKENDS, ENGINES
+        from conveyor.registry import BACKENDS
 
         return BACKENDS.spec(self.config.trainer.backend.name)
 
@@ -305,7 +305,7 @@ def _with_backend_sampler(config: ConveyorConfig) -> ConveyorConfig:
     itself: changing `trainer.backend` is then the one change that moves a config."""
     if "kind" in config.engine.model_fields_set:
         return config
-    from conveyor.registry import BACKENDS
+    from conveyor.registry import BACKENDS, ENGINES
 
     own = BACKENDS.spec(config.trainer.backend.name).sampler
     if not own:

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
@@ -202,14 +203,40 @@ class BubblewrapRuntime(HostWorkspaceRuntime):
         kill_marked(self.sandbox_id)
 
 
-@RUNTIMES.register("bubblewrap")
+class HidingBubblewrapRuntime(BubblewrapRuntime):
+    """A `BubblewrapRuntime` whose sandboxes see an empty folder in place of each `hidden` host
+    folder (a tmpfs mounted over it), e.g. a dataset's package that holds the graders' tests."""
+
+    def __init__(self, workspace: Path, *, hidden: Sequence[Path] = (), **kwargs: Any) -> None:
+        super().__init__(workspace, **kwargs)
+        self.hidden = [Path(path) for path in hidden]
+
+    def command_argv(self, command: str) -> list[str]:
+        """The bubblewrap argv with a `--tmpfs` over each hidden folder, after the other mounts."""
+        argv = super().command_argv(command)
+        masks = [arg for path in self.hidden for arg in ("--tmpfs", str(path))]
+        at = argv.index("setpriv")
+        return [*argv[:at], *masks, *argv[at:]]
+
+
+def _available() -> tuple[bool, str]:
+    return bubblewrap_available()  # looked up when asked, so a test can stand in for the probe
+
+
+@RUNTIMES.register("bubblewrap", hides_paths=True, available=_available)
 def build_bubblewrap(request: RuntimeRequest, settings: RuntimeConfig) -> BubblewrapRuntime:
-    """`runtime.kind: bubblewrap`: a sandbox per command over the request's workspace."""
-    runtime = BubblewrapRuntime(
-        request.host_workspace("bubblewrap"),
-        env_dir=request.env_dir,
-        limits=request.limits,
-        extra_ro_binds=request.read_only,
+    """`runtime.kind: bubblewrap`: a sandbox per command over the request's workspace (with a
+    tmpfs over each of its `hidden` host folders)."""
+    workspace = request.host_workspace("bubblewrap")
+    options: dict[str, Any] = {
+        "env_dir": request.env_dir,
+        "limits": request.limits,
+        "extra_ro_binds": request.read_only,
+    }
+    runtime = (
+        HidingBubblewrapRuntime(workspace, hidden=request.hidden, **options)
+        if request.hidden
+        else BubblewrapRuntime(workspace, **options)
     )
     runtime.extra_env.update(request.env_at(runtime.root))
     return runtime

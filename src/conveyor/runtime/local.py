@@ -116,7 +116,7 @@ class LocalRuntime(HostWorkspaceRuntime):
         kill_marked(self.sandbox_id)
 
 
-@RUNTIMES.register("local")
+@RUNTIMES.register("local", unsandboxed=True)
 def build_local(request: RuntimeRequest, settings: RuntimeConfig) -> LocalRuntime:
     """`runtime.kind: local`: plain subprocesses in the request's workspace (no isolation;
     the read-only folders are simply there, at their host paths)."""

@@ -43,6 +43,8 @@ class RuntimeRequest:
     read_only: Sequence[Path] = ()
     env_at: Callable[[str], dict[str, str]] = _no_env
     limits: SandboxLimits | None = None
+    # Host folders the runtime's commands must see empty (only a kind whose spec `hides_paths`).
+    hidden: Sequence[Path] = ()
 
     def __post_init__(self) -> None:
         if (self.files is None) == (self.workspace is None):
@@ -83,6 +85,8 @@ def choose_runtime(family: str, settings: RuntimeConfig, supported: Sequence[str
 
 def build_runtime(kind: str, request: RuntimeRequest, settings: RuntimeConfig) -> Runtime:
     """A not yet started runtime of `kind` (a name `choose_runtime` returned) for `request`."""
+    if request.hidden and not RUNTIMES.spec(kind).hides_paths:
+        raise ValueError(f"runtime kind {kind!r} cannot hide folders from the code it runs")
     builder: RuntimeBuilder = RUNTIMES.get(kind)
     return builder(request, settings)
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from conveyor.agent.tools import Tool, ToolContext, tool, truncate_output
 from conveyor.config import RuntimeConfig
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure, RuntimeWrapper
-from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, choose_runtime, started
 from conveyor.runtime.starts import active_starts
@@ -119,29 +119,15 @@ class ExecutorRuntime(RuntimeWrapper[Runtime]):
             shutil.rmtree(self.workspace, ignore_errors=True)
 
 
-class HidingBubblewrapRuntime(BubblewrapRuntime):
-    """A `BubblewrapRuntime` whose sandboxes see an empty folder in place of each `hidden` host
-    folder (a tmpfs mounted over it), e.g. a dataset's package that holds the graders' tests."""
-
-    def __init__(self, workspace: Path, *, hidden: Sequence[Path] = (), **kwargs: Any) -> None:
-        super().__init__(workspace, **kwargs)
-        self.hidden = [Path(path) for path in hidden]
-
-    def command_argv(self, command: str) -> list[str]:
-        """The bubblewrap argv with a `--tmpfs` over each hidden folder, after the other mounts."""
-        argv = super().command_argv(command)
-        masks = [arg for path in self.hidden for arg in ("--tmpfs", str(path))]
-        at = argv.index("setpriv")
-        return [*argv[:at], *masks, *argv[at:]]
-
-
 def executor_available(settings: RuntimeConfig | None = None) -> tuple[bool, str]:
-    """Whether the executor's runtime kind can run here, and why not (bubblewrap needs `bwrap`,
-    `setpriv`, `unshare` and `prlimit`, and a probe sandbox that starts)."""
+    """Whether the executor's runtime kind can run here, and why not (its spec's `available`:
+    bubblewrap needs `bwrap`, `setpriv`, `unshare` and `prlimit`, and a probe sandbox that
+    starts)."""
     kind = choose_runtime("executor", settings or RuntimeConfig(), EXECUTOR_RUNTIMES)
-    if kind != "bubblewrap":
+    available = RUNTIMES.spec(kind).available
+    if available is None:
         return True, f"{kind} runtime"
-    return bubblewrap_available()
+    return available()
 
 
 def python_env_dir() -> Path | None:
@@ -169,12 +155,13 @@ async def start_executor_runtime(
     sandbox cannot start here, e.g. without `bwrap`.
     """
     kind = choose_runtime("executor", settings, EXECUTOR_RUNTIMES)
-    if kind == "bubblewrap":
-        ok, reason = bubblewrap_available()
+    available = RUNTIMES.spec(kind).available
+    if available is not None:
+        ok, reason = available()
         if not ok:
             raise RuntimeFailure(
-                f"the Python executor needs bubblewrap, which is not usable here: {reason}; "
-                "install it (apt-get install bubblewrap) or set runtime.kind: local "
+                f"the Python executor needs {kind}, which is not usable here: {reason}; "
+                f"install it (apt-get install {kind}) or set runtime.kind: local "
                 "(no isolation)"
             )
     environment = python_env_dir() if env_dir is True else (env_dir or None)
@@ -214,33 +201,18 @@ def _blank_runtime(
         if os.geteuid() == 0:
             os.chown(workspace, SANDBOX_UID, SANDBOX_GID)
         request = RuntimeRequest(
-            workspace=workspace, env_dir=env_dir, env_at=_env_at(env_dir), limits=limits
+            workspace=workspace,
+            env_dir=env_dir,
+            env_at=_env_at(env_dir),
+            limits=limits,
+            hidden=tuple(hidden),
         )
-        inner = _build(kind, request, settings, hidden)
+        # `ValueError` for hidden folders and a kind whose spec cannot hide paths.
+        inner = build_runtime(kind, request, settings)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
     return ExecutorRuntime(inner, workspace)
-
-
-def _build(
-    kind: str, request: RuntimeRequest, settings: RuntimeConfig, hidden: Sequence[Path]
-) -> Runtime:
-    """The inner runtime: bubblewrap with `hidden` folders masked, or the registry's `kind`."""
-    if kind != "bubblewrap":
-        if hidden:
-            raise ValueError(f"runtime kind {kind!r} cannot hide folders from the code it runs")
-        return build_runtime(kind, request, settings)
-    assert request.workspace is not None
-    runtime = HidingBubblewrapRuntime(
-        request.workspace,
-        hidden=hidden,
-        env_dir=request.env_dir,
-        limits=request.limits,
-        extra_ro_binds=request.read_only,
-    )
-    runtime.extra_env.update(request.env_at(runtime.root))
-    return runtime
 
 
 def _env_at(env_dir: Path | None) -> Callable[[str], dict[str, str]]:

@@ -39,6 +39,7 @@ from conveyor.agent.loop import final_answer
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolRegistry, finish
 from conveyor.config import RuntimeConfig
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime
 from conveyor.runtime.selection import RuntimeRequest, start_runtime
 from conveyor.tasks.executor import EXECUTOR_RUNTIMES, python, start_executor_runtime
@@ -178,7 +179,7 @@ class RgFamily:
         empty simulated runtime without."""
         if not self.options.python:
             return await start_runtime(self.runtime_kind, RuntimeRequest(files={}), self.runtime)
-        hidden = [_package_dir()] if self.runtime_kind == "bubblewrap" else []
+        hidden = [_package_dir()] if RUNTIMES.spec(self.runtime_kind).hides_paths else []
         return await start_executor_runtime(self.runtime, hidden=hidden)
 
     async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:

@@ -39,6 +39,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from conveyor.config.sections import AUTO
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.cpu_pools import run_in_pool
@@ -120,7 +122,7 @@ class GradeReport(BaseModel):
 def make_test_runtime(
     workspace: Path,
     env: TestEnvironment,
-    kind: str = "auto",
+    kind: str = AUTO,
     limits: SandboxLimits | None = None,
     extra_ro_binds: Sequence[Path] = (),
 ) -> BubblewrapRuntime | LocalRuntime:
@@ -130,8 +132,13 @@ def make_test_runtime(
     Fails closed: `RuntimeFailure` (an infrastructure error of the rollout being graded, which
     the dispatcher retries and counts) when bubblewrap is not usable here, never a fallback to
     an unsandboxed run. `local` (no isolation) only when named; `GradingOptions` refuses it
-    without its loud key."""
-    if kind in ("auto", "bubblewrap"):
+    without its loud key. The kind is asked by its spec: one that `hides_paths` (a sandbox over
+    a host workspace with host folders bound read-only) grades in bubblewrap, an
+    `unsandboxed` one in plain processes."""
+    if kind != AUTO and kind not in RUNTIMES:
+        raise ValueError(f"unknown grading runtime {kind!r}; use auto, bubblewrap or local")
+    spec = None if kind == AUTO else RUNTIMES.spec(kind)
+    if spec is None or spec.hides_paths:
         ok, reason = bubblewrap_available()
         if not ok:
             raise RuntimeFailure(
@@ -140,7 +147,7 @@ def make_test_runtime(
             )
         mounts = [env.plugin_dir, *extra_ro_binds]
         return BubblewrapRuntime(workspace, env_dir=env.path, limits=limits, extra_ro_binds=mounts)
-    if kind == "local":
+    if spec.unsandboxed:
         return LocalRuntime(workspace, limits=limits)
     raise ValueError(f"unknown grading runtime {kind!r}; use auto, bubblewrap or local")
 
@@ -182,7 +189,7 @@ async def run_tests(
     test_cmd: str = "python -m pytest",
     per_test_timeout_s: float = 30.0,
     run_timeout_s: float = 900.0,
-    runtime_kind: str = "auto",
+    runtime_kind: str = AUTO,
     limits: SandboxLimits | None = None,
     metadata: Path | None = None,
     test_files: Sequence[str] | None = None,

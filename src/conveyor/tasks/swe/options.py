@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from conveyor.config.sections import AUTO
+from conveyor.registry import RUNTIMES
 from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.test_run import Semantics
 
@@ -145,13 +147,13 @@ class GradingOptions(BaseModel):
     @model_validator(mode="after")
     def _unsandboxed_only_when_meant(self) -> Self:
         trusted = self.unsandboxed_grading_i_trust_the_policy
-        if self.runtime == "local" and not trusted:
+        if self.unsandboxed and not trusted:
             raise ValueError(
                 "runtime 'local' grades without a sandbox (the tests run the policy's code on "
                 "this host, where it can rewrite its own verdict); set "
                 "unsandboxed_grading_i_trust_the_policy: true to allow it"
             )
-        if trusted and self.runtime != "local":
+        if trusted and not self.unsandboxed:
             raise ValueError(
                 "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
                 f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
@@ -160,8 +162,9 @@ class GradingOptions(BaseModel):
 
     @property
     def unsandboxed(self) -> bool:
-        """Whether the graded tests run without a sandbox (`runtime: local`)."""
-        return self.runtime == "local"
+        """Whether the graded tests run without a sandbox (`runtime: local`: a kind whose
+        spec is `unsandboxed`)."""
+        return self.runtime != AUTO and RUNTIMES.spec(self.runtime).unsandboxed
 
 
 class SweOptions(BaseModel):

@@ -45,6 +45,7 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, tool, truncate_output
 from conveyor.config import RuntimeConfig
 from conveyor.config.sections import AUTO
+from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime, RuntimeFailure, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.docker import docker_available
@@ -213,6 +214,12 @@ def task_folders(options: TerminalOptions) -> list[Path]:
     return [folder for root in roots for folder in find_task_dirs(root)]
 
 
+def _runs_images(kind: str) -> bool:
+    """Whether the runtime `kind` names runs a container image (its spec's `needs_image`): the
+    task's own image, for task folders whose environment needs docker."""
+    return kind != AUTO and RUNTIMES.spec(kind).needs_image
+
+
 @register_family(options=TerminalOptions, reward_budget_s=terminal_reward_budget_s)
 class TerminalFamily:
     """Harbor task folders solved with `bash`; see the module doc."""
@@ -272,15 +279,16 @@ class TerminalFamily:
     def _kind_for(self, task: HarborTask) -> tuple[str | None, str]:
         """The runtime kind for `task`, or None and why it has none here."""
         needs_docker = task.environment.docker_reason
-        if self.runtime.kind != "docker" and needs_docker is None:
-            return "bubblewrap", ""
-        if self.runtime.kind == "bubblewrap":
-            return None, f"it needs docker ({needs_docker}) and runtime.kind is bubblewrap"
+        chosen = self.runtime.kind
+        if not _runs_images(chosen) and needs_docker is None:
+            return self.runtimes[0], ""  # the sandbox over the task folder, the default
+        if chosen != AUTO and not _runs_images(chosen):  # named, and it runs no image
+            return None, f"it needs docker ({needs_docker}) and runtime.kind is {chosen}"
         ok, why = docker_available(self.options.docker)
         if not ok:
-            need = needs_docker or "runtime.kind is docker"
+            need = needs_docker or f"runtime.kind is {chosen}"
             return None, f"it needs docker ({need}), and docker is not usable: {why}"
-        return "docker", ""
+        return next(kind for kind in self.runtimes if _runs_images(kind)), ""
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` task folders of `split` in a seed-shuffled order; `ValueError` if there are
@@ -328,7 +336,7 @@ class TerminalFamily:
     async def make_runtime(self, task: Task) -> Runtime:
         """A started sandbox (or container) holding the task's starting state."""
         harbor = self._harbor(task)
-        if self.kinds[harbor.name] == "docker":
+        if _runs_images(self.kinds[harbor.name]):
             docker = DockerTaskRuntime(harbor, limits=None, docker=self.options.docker)
             return await started(docker)
         template = await run_in_pool("init", template_for, harbor)
