@@ -105,11 +105,14 @@ class StrategySpec(PartSpec):
     """A dispatch strategy; `build(engine_stages, settings, engine=, telemetry=)` is its class
     (its options are `settings.strategy.options`).
 
-    `run_pool`: the `dispatch` key that bounds its run stage (every rollout there holds a
-    runtime, so `dispatch.max_live_runtimes` must admit it).
+    - `run_pool`: the `dispatch` key that bounds its run stage (every rollout there holds a
+      runtime, so `dispatch.max_live_runtimes` must admit it);
+    - `tunes_itself`: it sets its own pool widths while it runs (the configured ones are only
+      its start point), so a benchmark does not search them nor run it at fixed defaults.
     """
 
     run_pool: str = "max_parallel"
+    tunes_itself: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

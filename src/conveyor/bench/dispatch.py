@@ -33,6 +33,7 @@ from typing import Any
 from conveyor.bench.bound import makespan_bound
 from conveyor.bench.routers import bench_routers
 from conveyor.dispatch import DispatchSettings, Telemetry, make_dispatcher
+from conveyor.registry import STRATEGIES
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.router import DEFAULT_SIM_ROUTER
 from conveyor.sim.stages import SimEnvironment
@@ -259,7 +260,7 @@ def bench_point(
             "grid": grid_name,
             "grid_points": len(points),
         }
-        if with_defaults and name in SEED_DEFAULTS and name != "auto":
+        if with_defaults and name in SEED_DEFAULTS and not STRATEGIES.spec(name).tunes_itself:
             runs = runner.map([(workload, name, SEED_DEFAULTS[name], seed) for seed in seeds])
             result["at_p96"][name] = _mean(runs)
     best = result["strategies"]
@@ -279,7 +280,7 @@ def bench_point(
                 / best["pipeline"]["makespan_s"],
             }
     if "auto" in best:
-        tuned_names = [n for n in best if n != "auto"]
+        tuned_names = [n for n in best if not STRATEGIES.spec(n).tunes_itself]
         if tuned_names:
             grid_best = min(tuned_names, key=lambda n: best[n]["makespan_s"])
             result["best_grid"] = grid_best

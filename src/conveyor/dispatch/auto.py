@@ -74,7 +74,7 @@ def _delta(now: int | None, before: int | None) -> int | None:
     return now - before if now is not None and before is not None else None
 
 
-@STRATEGIES.register("auto", run_pool="p_run")
+@STRATEGIES.register("auto", run_pool="p_run", tunes_itself=True)
 class AutoDispatcher(PipelineDispatcher):
     """A `pipeline` whose `p_init`, `p_run` and `p_reward` follow the measured load."""
 
