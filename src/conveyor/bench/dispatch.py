@@ -32,6 +32,7 @@ from typing import Any
 
 from conveyor.bench.bound import makespan_bound
 from conveyor.bench.routers import bench_routers
+from conveyor.config import PartChoice
 from conveyor.dispatch import DispatchSettings, Telemetry, make_dispatcher
 from conveyor.registry import STRATEGIES
 from conveyor.sim.engine import SimEngine
@@ -168,7 +169,7 @@ def simulate(
     """One swe-sim run of one strategy at one grid point, on a fresh virtual-time loop, with
     the engine fleet's requests routed by `router` (`conveyor.sim.router.ROUTERS`)."""
     settings = DispatchSettings(
-        strategy=strategy, max_live_runtimes=workload.max_live_runtimes, **knobs
+        strategy=PartChoice(name=strategy), max_live_runtimes=workload.max_live_runtimes, **knobs
     )
     return run_virtual(_simulate(workload, settings, seed, telemetry, router))
 

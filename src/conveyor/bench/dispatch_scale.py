@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+from conveyor.config import PartChoice
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
@@ -58,7 +59,9 @@ def run_scale(
         "strategies": {},
     }
     for name in (baseline, *[s for s in strategies if s != baseline]):
-        settings = DispatchSettings(strategy=name, max_live_runtimes=r, **knobs.get(name, {}))
+        settings = DispatchSettings(
+            strategy=PartChoice(name=name), max_live_runtimes=r, **knobs.get(name, {})
+        )
         started = time.perf_counter()
         result = run_virtual(_stream_all(workload, settings))
         wall = time.perf_counter() - started

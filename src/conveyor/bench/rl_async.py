@@ -21,6 +21,7 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from conveyor.config import PartChoice
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
@@ -54,7 +55,7 @@ async def _generate_step(workload: SweSimWorkload, seed: int) -> tuple[float, fl
     engine.start()
     env = SimEnvironment(workload, seed, engine)
     settings = DispatchSettings(
-        strategy="pipeline",
+        strategy=PartChoice(name="pipeline"),
         p_run=workload.max_live_runtimes,
         max_live_runtimes=workload.max_live_runtimes,
     )

@@ -299,7 +299,9 @@ def _apply_override(data: dict[str, Any], override: str, sources: dict[str, str]
                 return
             if _is_kind_options(field):
                 # `--set engine.options.port=9000`: one option of the part `kind` names.
-                _set_part_option(target, name, parts[depth + 1 :], text, override, nested=True)
+                _set_part_option(
+                    target, name, parts[depth + 1 :], text, override, options_only=True
+                )
                 sources[".".join(parts[: depth + 1])] = source
                 return
             raise _unknown_key(key, source, model)
@@ -331,14 +333,14 @@ def _set_part_option(
     text: str,
     override: str,
     *,
-    nested: bool = False,
+    options_only: bool = False,
 ) -> None:
-    """Set `path` (``name`` or ``options.<key>...``; with `nested`, an options mapping's own
+    """Set `path` (``name`` or ``options.<key>...``; with `options_only`, an options mapping's own
     ``<key>...``) inside the part key `name` of `target`, keeping what the file gave it (a plain
     name becomes ``{name: ...}``)."""
     current = target.get(name)
     part: dict[str, Any] = (
-        {"name": current} if isinstance(current, str) and not nested else dict(current or {})
+        {"name": current} if isinstance(current, str) and not options_only else dict(current or {})
     )
     target[name] = part
     inner = part

@@ -513,7 +513,8 @@ ExecutorChoice = Annotated[
 class DispatchConfig(Section):
     """How rollouts are scheduled.
 
-    - `strategy`: a name in the strategy registry (`batch`, `bounded_batch`, `pipeline`, `auto`).
+    - `strategy`: a strategy in the registry (`batch`, `bounded_batch`, `pipeline`, `auto`), as
+      `{name, options}` or the name; `executor` the same for where the stages run.
     - `max_parallel` (P): trajectories in flight for `bounded_batch`, the wave size for `batch`.
     - `p_init`, `p_run`, `p_reward`: stage pool widths of `pipeline` (and the start point of
       `auto`); `init_queue` / `run_queue` / `reward_queue` bound the hand-off queues.
