@@ -254,11 +254,14 @@ REPO = DOCS_PICTURE.parents[1]
 # Config keys the page names that look like module paths (a section shares its layer's name).
 CONFIG_KEYS = {
     "config.trainer",
+    "config.trainer.backend.options",
     "config.trainer.loss",
     "dispatch.executor",
     "dispatch.strategy",
     "runtime.kind",
     "tasks.families",
+    "trainer.loss",
+    "trainer.loss.options.reduction",
 }
 
 
