@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.config.base import PartChoice
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.executors import AsyncioExecutor, Executor, make_executor
 from conveyor.registry import UnknownName
@@ -238,9 +239,9 @@ def test_ray_executor_on_a_simulated_two_node_cluster() -> None:
 
 
 def test_executors_are_chosen_by_name() -> None:
-    """`dispatch.executor` names: `asyncio` runs a dispatch here, `ray` is built without
-    importing Ray (it starts on first use), a typo names the nearest."""
-    executor = make_executor("asyncio")
+    """`dispatch.executor` names (a `PartChoice`): `asyncio` runs a dispatch here, `ray` is
+    built without importing Ray (it starts on first use), a typo names the nearest."""
+    executor = make_executor(PartChoice(name="asyncio"))
     assert isinstance(executor, AsyncioExecutor)
 
     async def tiny() -> list[Trajectory]:
@@ -255,9 +256,9 @@ def test_executors_are_chosen_by_name() -> None:
         assert metrics["init_pid"] == metrics["reward_pid"] == metrics["driver_pid"] == os.getpid()
     from conveyor.dispatch.ray_executor import RayExecutor
 
-    assert isinstance(make_executor("ray"), RayExecutor)
+    assert isinstance(make_executor(PartChoice(name="ray")), RayExecutor)
     with pytest.raises(UnknownName, match=r"unknown dispatch executor 'rayy'.*'ray'\?"):
-        make_executor("rayy")
+        make_executor(PartChoice(name="rayy"))
 
 
 @pytest.mark.slow
@@ -270,8 +271,8 @@ def test_the_executor_named_ray_starts_a_local_ray_that_can_place_its_runtimes()
 
     assert not ray.is_initialized()
     try:
-        remote = asyncio.run(_statuses(make_executor("ray"), seed=4))
+        remote = asyncio.run(_statuses(make_executor(PartChoice(name="ray")), seed=4))
         assert ray.cluster_resources().get("sandbox") == LOCAL_RESOURCE_UNITS
     finally:
         ray.shutdown()
-    assert remote == asyncio.run(_statuses(make_executor("asyncio"), seed=4))
+    assert remote == asyncio.run(_statuses(make_executor(PartChoice(name="asyncio")), seed=4))
