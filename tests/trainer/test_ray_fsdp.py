@@ -12,6 +12,7 @@ import torch
 from tiny_llama import random_batch, save_tiny_llama
 
 from conveyor.config import ConveyorConfig, TrainerConfig
+from conveyor.config.base import PartChoice
 from conveyor.config.cluster import ClusterConfig
 from conveyor.engines.base import WeightFingerprint
 from conveyor.registry import BACKENDS
@@ -48,11 +49,12 @@ def test_two_ray_workers_train_like_one_process_and_stop_together(tmp_path: Path
 
     placement = ClusterConfig(address="local", trainer_workers=2)
     config = ConveyorConfig(
-        cluster=placement, trainer=SETTINGS.model_copy(update={"backend": "ray_fsdp"})
+        cluster=placement,
+        trainer=SETTINGS.model_copy(update={"backend": PartChoice(name="ray_fsdp")}),
     )
     cluster = connect(placement, trainer_workers=2)
     try:
-        trainer = BACKENDS.get("ray_fsdp").build(config, folder, config.trainer)
+        trainer = BACKENDS.spec("ray_fsdp").build(config, folder, config.trainer)
         assert isinstance(trainer, RayFsdpTrainer) and len(trainer.workers) == 2
         saved = None
         for step, (batch, want) in enumerate(zip(batches, expected, strict=True), start=1):
