@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -396,7 +397,9 @@ def test_dtype_auto_trains_in_bf16_only_where_the_cpu_has_it(tiny: Path) -> None
     # An AVX2 CPU emulates bf16 (15x slower than float32 here): auto must pick float32 there,
     # bf16 on a CPU with AVX512-BF16 or AMX. The kernel's flags are the independent witness.
     flags = _cpu_flags()
-    native = bool({"avx512_bf16", "amx_bf16"} & flags)
+    native = bool({"avx512_bf16", "amx_bf16"} & flags) and os.environ.get(
+        "CONVEYOR_NO_BF16", ""
+    ) in ("", "0")
     assert native_bf16(torch.device("cpu")) is native
     auto = engine(tiny, dtype="auto")
     assert TrainerConfig().dtype == "auto"
@@ -406,6 +409,17 @@ def test_dtype_auto_trains_in_bf16_only_where_the_cpu_has_it(tiny: Path) -> None
         with pytest.warns(UserWarning, match="emulated"):
             forced = engine(tiny, dtype="bfloat16")
         assert forced._autocast_dtype is torch.bfloat16
+
+
+def test_conveyor_no_bf16_makes_auto_train_in_float32(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "bf16 off" timing switch: auto picks float32 even where the CPU has bf16."""
+    monkeypatch.setenv("CONVEYOR_NO_BF16", "1")
+    assert native_bf16(torch.device("cpu")) is False
+    assert engine(tiny, dtype="auto")._autocast_dtype is None
+    monkeypatch.setenv("CONVEYOR_NO_BF16", "0")
+    assert native_bf16(torch.device("cpu")) is bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
 
 
 def test_bad_batches_are_errors(tiny: Path) -> None:

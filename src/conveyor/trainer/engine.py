@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -521,6 +522,10 @@ def native_bf16(device: torch.device) -> bool:
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())
     if device.type == "cpu":
+        if os.environ.get("CONVEYOR_NO_BF16", "") not in ("", "0"):
+            # timing runs "with bf16 off" on a bf16-capable CPU: `dtype: auto` trains in
+            # float32, as on an AVX2-only machine (vLLM-CPU serves float32 either way)
+            return False
         # Without AVX512-BF16 or AMX, CPU bf16 matmuls are emulated: one 512-token
         # forward/backward of the embedded model took 262 s against 17 s in float32 (AVX2 EPYC).
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
