@@ -5,8 +5,9 @@ Runs on the GPU machine we are sometimes lent (torch, transformers and peft; no 
 pydantic or network), so it imports only torch, transformers and conveyor's torch-only trainer
 pieces (`trainer.packing`, `trainer.chunked`). Nothing is downloaded: the model is built from a
 config with random weights. Each case reports tokens/s (real tokens, padding excluded), peak
-device memory and the memory the analytic model below predicts for it; an exactness section
-compares packed with padded and chunked with full logprobs in float32 on the same device.
+device memory and the memory `conveyor plan`'s trainer model (`trainer.memory`) predicts for
+it; an exactness section compares packed with padded and chunked with full logprobs in float32
+on the same device.
 
     python -m conveyor.trainer.gpu_check --shape qwen3-1.7b --tokens 8192,32768 --out r.json
     python -m conveyor.trainer.gpu_check --shape tiny --device cpu      (what the CPU test runs)
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor
 
 from conveyor.trainer.chunked import chunked_token_logprobs, full_token_logprobs
+from conveyor.trainer.memory import Architecture, trainer_memory
 from conveyor.trainer.packing import pack, packed_targets, pad, padding_fraction
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -180,32 +182,27 @@ def predicted_bytes(
     row_length: int,
     chunk_tokens: int,
     sequences: int,
+    dense_mask: bool = True,
 ) -> int:
-    """The analytic memory model (a first form of `conveyor plan`'s trainer estimate).
-
-    bf16 weights, bf16 gradients, AdamW's two bf16 moments (torch keeps them in the
-    parameters' dtype): 8 bytes a parameter. Activations under per-layer checkpointing: each
-    layer's bf16 input kept, one layer's working set recomputed in backward (~10 hidden + 4
-    intermediate bf16 vectors a position), the attention mask (bool [rows, L, L] padded,
-    [N, N] packed). Logits: bf16 matmul output plus float32 logits, log-softmax and gradient
-    (14 bytes a vocabulary entry) for every kept position, or for one chunk.
+    """`conveyor plan`'s trainer estimate (`trainer.memory.trainer_memory`) for this check's
+    setup: bf16 weights, gradients and AdamW moments (8 bytes a parameter), per-layer
+    checkpointing, `rows` x `row_length` positions a pass, logits for every token but each
+    sequence's first, whole or in `chunk_tokens` chunks; a dense mask under sdpa, none under
+    flex attention. `params` is the model's count, which the architecture gives as well.
     """
-    s = SHAPES[shape]
-    hidden, inter, layers, vocab = (
-        s["hidden_size"],
-        s["intermediate_size"],
-        s["num_hidden_layers"],
-        s["vocab_size"],
+    arch = Architecture.from_config({**SHAPES[shape], "model_type": "qwen3"})
+    parts = trainer_memory(
+        arch,
+        tokens=rows * row_length,
+        rows=rows,
+        param_bytes=2,
+        autocast=False,
+        checkpointing=True,
+        logits_chunk_tokens=chunk_tokens if logits == "chunked" else None,
+        logit_positions=real - sequences,
+        dense_mask=dense_mask,
     )
-    processed = rows * row_length
-    state = 8 * params
-    saved = layers * processed * hidden * 2
-    working = processed * (10 * hidden + 4 * inter) * 2
-    mask = processed * row_length
-    kept = real - sequences  # every token but each sequence's first has a logprob
-    logit_positions = min(kept, chunk_tokens) if logits == "chunked" else kept
-    logit_bytes = logit_positions * vocab * 14
-    return state + saved + working + mask + logit_bytes
+    return parts["total"]
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -236,6 +233,7 @@ def run_case(
     warmup: int,
     chunk_tokens: int,
     seed: int,
+    attn: str = "sdpa",
 ) -> Case:
     lengths = lengths_for(case.tokens, seed)
     rng = random.Random(seed + 1)
@@ -260,6 +258,7 @@ def run_case(
             row_length,
             chunk_tokens,
             len(lengths),
+            dense_mask=attn == "sdpa",
         )
         / 2**30,
         3,
@@ -410,6 +409,7 @@ def main(
                         args.warmup,
                         args.chunk_tokens,
                         seed=tokens,
+                        attn=args.attn,
                     )
                 cases.append(case)
                 emit(
