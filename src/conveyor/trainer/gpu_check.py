@@ -18,6 +18,7 @@ The last line printed is the JSON report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -183,20 +184,24 @@ def predicted_bytes(
     chunk_tokens: int,
     sequences: int,
     dense_mask: bool = True,
+    param_bytes: int = 2,
+    autocast: bool = False,
 ) -> int:
     """`conveyor plan`'s trainer estimate (`trainer.memory.trainer_memory`) for this check's
     setup: bf16 weights, gradients and AdamW moments (8 bytes a parameter), per-layer
     checkpointing, `rows` x `row_length` positions a pass, logits for every token but each
     sequence's first, whole or in `chunk_tokens` chunks; a dense mask under sdpa, none under
     flex attention. `params` is the model's count, which the architecture gives as well.
+    `param_bytes` 4 with `autocast`: float32 weights and AdamW state under bf16 autocast (the
+    built-in trainer's precision, `--dtype float32 --autocast`).
     """
     arch = Architecture.from_config({**SHAPES[shape], "model_type": "qwen3"})
     parts = trainer_memory(
         arch,
         tokens=rows * row_length,
         rows=rows,
-        param_bytes=2,
-        autocast=False,
+        param_bytes=param_bytes,
+        autocast=autocast,
         checkpointing=True,
         logits_chunk_tokens=chunk_tokens if logits == "chunked" else None,
         logit_positions=real - sequences,
@@ -234,6 +239,7 @@ def run_case(
     chunk_tokens: int,
     seed: int,
     attn: str = "sdpa",
+    autocast: bool = False,
 ) -> Case:
     lengths = lengths_for(case.tokens, seed)
     rng = random.Random(seed + 1)
@@ -259,6 +265,8 @@ def run_case(
             chunk_tokens,
             len(lengths),
             dense_mask=attn == "sdpa",
+            param_bytes=next(model.parameters()).element_size(),
+            autocast=autocast,
         )
         / 2**30,
         3,
@@ -272,8 +280,15 @@ def run_case(
         for i in range(warmup + steps):
             _sync(device)
             start = time.perf_counter()
-            lp, _ = logprobs_of(model, sequences, case.layout, case.logits, chunk_tokens, device)
-            loss = -(lp * weights).sum() / lp.numel()
+            with (
+                torch.autocast(device.type, dtype=torch.bfloat16)
+                if autocast
+                else contextlib.nullcontext()
+            ):
+                lp, _ = logprobs_of(
+                    model, sequences, case.layout, case.logits, chunk_tokens, device
+                )
+                loss = -(lp.float() * weights).sum() / lp.numel()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -358,6 +373,12 @@ def main(
         help="attention kernel: sdpa runs packed rows with a dense [N, N] mask, "
         "flex_attention with a block mask that skips other sequences' blocks",
     )
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="forward under bf16 autocast (with --dtype float32: the built-in trainer's "
+        "float32 weights and AdamW state)",
+    )
     parser.add_argument("--layouts", default="packed,padded")
     parser.add_argument("--logits", default="chunked,full")
     parser.add_argument(
@@ -375,6 +396,7 @@ def main(
         "environment": environment(device),
         "shape": args.shape,
         "dtype": args.dtype,
+        "autocast": args.autocast,
         "attn": args.attn,
         "chunk_tokens": args.chunk_tokens,
     }
@@ -410,6 +432,7 @@ def main(
                         args.chunk_tokens,
                         seed=tokens,
                         attn=args.attn,
+                        autocast=args.autocast,
                     )
                 cases.append(case)
                 emit(
