@@ -157,3 +157,69 @@ def test_the_builtin_trainers_precision_is_within_20_percent_of_each_h200_peak(c
     )
     predicted = parts["total"] / GIB
     assert abs(predicted / case["peak_gib"] - 1) <= 0.20, (predicted, case["peak_gib"])
+
+
+CPU_RSS = json.loads((REPO / "docs" / "data" / "cpu-bench-trainer-rss-2026-11-27.json").read_text())
+# `conveyor bench trainer --model tiny`'s model (bench.trainer.tiny_model_dir)
+TINY_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
+# SmolLM2-135M-Instruct's config.json (the embedded model), the fields the plan reads
+EMBEDDED = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "model_type": "llama",
+}
+
+
+@pytest.mark.parametrize(
+    "run",
+    CPU_RSS["runs"],
+    ids=[f"{r['model']}-ckpt-{r['gradient_checkpointing']}" for r in CPU_RSS["runs"]],
+)
+def test_cpu_peak_rss_of_bench_trainer_runs_is_within_20_percent(run: dict) -> None:
+    """`conveyor bench trainer` (the built-in trainer: float32 weights and AdamW, bf16 autocast
+    on that bf16-capable CPU) measured on CPU: the plan plus the process's own RSS before any
+    model (imports) against the engine side's peak RSS over two steps."""
+    from conveyor.bench.trainer import TrainerBenchSpec, synthetic_batch
+    from conveyor.trainer.batching import plan_micro_batches
+
+    arch = Architecture.from_config(TINY_LLAMA if run["model"] == "tiny" else EMBEDDED)
+    assert run["report"]["trainable_params"] == arch.parameters()  # the model measured
+    spec = TrainerBenchSpec(
+        model_dir="unused",
+        batch_size=run["batch_size"],
+        seq_len=run["seq_len"],
+        micro_batch_tokens=run["micro_batch_tokens"],
+    )
+    samples = [sample for sample, _ in synthetic_batch(spec, arch.vocab).items]
+    peaks = []
+    for micro in plan_micro_batches([len(s.input_ids) for s in samples], spec.micro_batch_tokens):
+        rows = [samples[i] for i in micro.indices]
+        # the built-in trainer computes logits where any row of the micro-batch trains a token
+        kept = {t for s in rows for t in range(1, len(s.input_ids)) if s.loss_mask[t]}
+        parts = trainer_memory(
+            arch,
+            tokens=micro.padded_tokens,
+            rows=len(rows),
+            param_bytes=4,
+            autocast=True,
+            checkpointing=run["gradient_checkpointing"],
+            logit_positions=len(rows) * len(kept),
+        )
+        peaks.append(parts["total"])
+    predicted_mb = CPU_RSS["process_baseline_mb"] + max(peaks) / 2**20
+    measured_mb = run["report"]["peak_rss_mb"]
+    assert abs(predicted_mb / measured_mb - 1) <= 0.20, (predicted_mb, measured_mb)
