@@ -30,8 +30,10 @@ Qwen3-1.7B shape, bf16 parameters and AdamW, checkpointing, 8k-64k tokens, packe
 sdpa and flex attention, 4,096-token logit chunks or none; docs/data/gpu-check-h200-*.json):
 every one of the twelve measured peaks is predicted within 6% (tests/trainer/test_memory.py
 holds them to 20%). The summed components are an upper bound of a peak that is really a
-maximum over the step's phases. The float32-with-autocast case (the built-in trainer) and the
-no-checkpointing case are modelled, not measured on a GPU.
+maximum over the step's phases. The float32-with-autocast case (the built-in trainer),
+measured afterwards on the same card at 8k-16k tokens, is over-predicted by 9-19%; on CPU the
+built-in trainer's peak RSS (less the process's own) by `conveyor bench trainer` came within
+6-15% (docs/scale.md, "Memory plan"). Training without checkpointing is not measured on a GPU.
 """
 
 from __future__ import annotations
