@@ -222,6 +222,38 @@ def train_command(
     typer.echo(str(run_dir))
 
 
+@app.command("plan")
+def plan_command(
+    config: Annotated[Path, typer.Argument(help="A YAML config file.")],
+    set_: SetOption = None,
+    nodes: Annotated[int, typer.Option(help="Nodes of the cluster.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs on each node.")] = 8,
+    gpu_memory_gib: Annotated[float, typer.Option(help="Memory of each GPU, GiB.")] = 80.0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object, last line.")] = False,
+) -> None:
+    """Per-device memory of trainer and engines, where each is placed, and whether it fits:
+    exit 0 when it fits, 1 when not (naming the key to change), 2 for bad input."""
+    import json
+
+    from conveyor.app.plan import Hardware, plan_memory, render
+    from conveyor.config import ConfigError
+    from conveyor.models import ModelError
+
+    resolved = _load(config, set_)
+    if nodes < 1 or gpus_per_node < 1 or gpu_memory_gib <= 0:
+        _fail("--nodes, --gpus-per-node and --gpu-memory-gib must be positive")
+    try:
+        report = plan_memory(resolved.config, Hardware(nodes, gpus_per_node, gpu_memory_gib))
+    except (ModelError, ConfigError) as exc:
+        _fail(str(exc))
+    if json_out:
+        typer.echo(json.dumps(report))
+    else:
+        for line in render(report):
+            typer.echo(line)
+    raise typer.Exit(code=0 if report["fits"] else 1)
+
+
 @app.command("backends")
 def backends_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line.")] = False,

@@ -89,6 +89,57 @@ def resolve_model_path(path: str | None) -> Path:
     return check_model_dir(Path(path).expanduser())
 
 
+# The config.json fields a memory plan reads (`conveyor plan`).
+ARCHITECTURE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+
+
+def shipped_architectures() -> dict[str, Path]:
+    """The architectures shipped with conveyor (config.json subsets, no weights), by the
+    model folder name they stand for (`Qwen3-8B`); see architectures/README.md."""
+    folder = Path(__file__).with_name("architectures")
+    return {p.stem: p for p in sorted(folder.glob("*.json"))}
+
+
+def model_architecture(path: str | None) -> tuple[dict[str, object], str]:
+    """A model's config.json and where it came from: the folder's own when `path` (None: the
+    embedded default) is on this machine, else the shipped file named after its last part.
+
+    Raises one `ModelError` naming `model.path` when neither exists.
+    """
+    folder = default_model_dir() if path is None else Path(path).expanduser()
+    source = folder / "config.json"
+    if not source.is_file():
+        shipped = shipped_architectures()
+        if folder.name not in shipped:
+            fix = (
+                "run `conveyor models prepare`"
+                if path is None
+                else f"set model.path to a local Hugging Face model folder, or to a folder named "
+                f"after a shipped architecture ({', '.join(shipped)})"
+            )
+            raise ModelError(
+                f"model.path {str(folder)!r}: no config.json there and no shipped architecture "
+                f"named {folder.name!r}, so its memory cannot be planned; {fix}"
+            )
+        source = shipped[folder.name]
+    try:
+        data = json.loads(source.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"model.path {str(folder)!r}: {source} is unreadable ({exc})") from exc
+    if isinstance(data.get("text_config"), dict):  # a multimodal wrapper: the language model's
+        data = {**data, **data["text_config"]}
+    return data, str(source)
+
+
 def prepare_default_model(
     target: Path | None = None,
     *,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.app.compose import Composition, check_run_dir, make_run_dir
+from conveyor.app.plan import check_gpu_fit
 from conveyor.app.reports import eval_report, paired_comparison, wilson_interval
 from conveyor.config import (
     ConfigError,
@@ -390,6 +391,8 @@ def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> Training
             f"trainer.backend {config.trainer.backend.name!r} cannot train here: {info.reason} "
             "(`conveyor backends` lists what can)"
         )
+    if plan.training:
+        check_gpu_fit(config)  # `conveyor plan`'s refusal, only where the trainer is on a GPU
     return plan
 
 

@@ -90,6 +90,13 @@ class EngineConfig(Section):
         "server processes (a port each, development mode so training can reload their weights) "
         "behind the session-aware router, and stops them at the end.",
     )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="engine.kind 'vllm': GPUs each engine (the in-process one, or each replica) "
+        "spreads its weights and KV cache over (vLLM's tensor_parallel_size); more than 1 "
+        "needs GPUs (refused on CPU when the engine starts). `conveyor plan` places it.",
+    )
     server_args: list[str] = Field(
         default_factory=list,
         description="engine.replicas > 1 (or cluster.engine_resource): extra command-line "

@@ -115,6 +115,7 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
         "max_model_len": config.agent.max_context_tokens,
         "kv_cache_gib": engine.kv_cache_gib,
         "dtype": engine.dtype,
+        "tensor_parallel_size": engine.tensor_parallel_size,
         "seed": config.sampling.sampling_seed or 0,
         "request_timeout_s": engine.request_timeout_s,
     }

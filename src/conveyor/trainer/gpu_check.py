@@ -5,8 +5,9 @@ Runs on the GPU machine we are sometimes lent (torch, transformers and peft; no 
 pydantic or network), so it imports only torch, transformers and conveyor's torch-only trainer
 pieces (`trainer.packing`, `trainer.chunked`). Nothing is downloaded: the model is built from a
 config with random weights. Each case reports tokens/s (real tokens, padding excluded), peak
-device memory and the memory the analytic model below predicts for it; an exactness section
-compares packed with padded and chunked with full logprobs in float32 on the same device.
+device memory and the memory `conveyor plan`'s trainer model (`trainer.memory`) predicts for
+it; an exactness section compares packed with padded and chunked with full logprobs in float32
+on the same device.
 
     python -m conveyor.trainer.gpu_check --shape qwen3-1.7b --tokens 8192,32768 --out r.json
     python -m conveyor.trainer.gpu_check --shape tiny --device cpu      (what the CPU test runs)
@@ -17,6 +18,7 @@ The last line printed is the JSON report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from conveyor.trainer.chunked import chunked_token_logprobs, full_token_logprobs
+from conveyor.trainer.memory import Architecture, trainer_memory
 from conveyor.trainer.packing import pack, packed_targets, pad, padding_fraction
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -180,32 +183,31 @@ def predicted_bytes(
     row_length: int,
     chunk_tokens: int,
     sequences: int,
+    dense_mask: bool = True,
+    param_bytes: int = 2,
+    autocast: bool = False,
 ) -> int:
-    """The analytic memory model (a first form of `conveyor plan`'s trainer estimate).
-
-    bf16 weights, bf16 gradients, AdamW's two bf16 moments (torch keeps them in the
-    parameters' dtype): 8 bytes a parameter. Activations under per-layer checkpointing: each
-    layer's bf16 input kept, one layer's working set recomputed in backward (~10 hidden + 4
-    intermediate bf16 vectors a position), the attention mask (bool [rows, L, L] padded,
-    [N, N] packed). Logits: bf16 matmul output plus float32 logits, log-softmax and gradient
-    (14 bytes a vocabulary entry) for every kept position, or for one chunk.
+    """`conveyor plan`'s trainer estimate (`trainer.memory.trainer_memory`) for this check's
+    setup: bf16 weights, gradients and AdamW moments (8 bytes a parameter), per-layer
+    checkpointing, `rows` x `row_length` positions a pass, logits for every token but each
+    sequence's first, whole or in `chunk_tokens` chunks; a dense mask under sdpa, none under
+    flex attention. `params` is the model's count, which the architecture gives as well.
+    `param_bytes` 4 with `autocast`: float32 weights and AdamW state under bf16 autocast (the
+    built-in trainer's precision, `--dtype float32 --autocast`).
     """
-    s = SHAPES[shape]
-    hidden, inter, layers, vocab = (
-        s["hidden_size"],
-        s["intermediate_size"],
-        s["num_hidden_layers"],
-        s["vocab_size"],
+    arch = Architecture.from_config({**SHAPES[shape], "model_type": "qwen3"})
+    parts = trainer_memory(
+        arch,
+        tokens=rows * row_length,
+        rows=rows,
+        param_bytes=param_bytes,
+        autocast=autocast,
+        checkpointing=True,
+        logits_chunk_tokens=chunk_tokens if logits == "chunked" else None,
+        logit_positions=real - sequences,
+        dense_mask=dense_mask,
     )
-    processed = rows * row_length
-    state = 8 * params
-    saved = layers * processed * hidden * 2
-    working = processed * (10 * hidden + 4 * inter) * 2
-    mask = processed * row_length
-    kept = real - sequences  # every token but each sequence's first has a logprob
-    logit_positions = min(kept, chunk_tokens) if logits == "chunked" else kept
-    logit_bytes = logit_positions * vocab * 14
-    return state + saved + working + mask + logit_bytes
+    return parts["total"]
 
 
 def _peak_reset(device: torch.device) -> None:
@@ -236,6 +238,8 @@ def run_case(
     warmup: int,
     chunk_tokens: int,
     seed: int,
+    attn: str = "sdpa",
+    autocast: bool = False,
 ) -> Case:
     lengths = lengths_for(case.tokens, seed)
     rng = random.Random(seed + 1)
@@ -260,6 +264,9 @@ def run_case(
             row_length,
             chunk_tokens,
             len(lengths),
+            dense_mask=attn == "sdpa",
+            param_bytes=next(model.parameters()).element_size(),
+            autocast=autocast,
         )
         / 2**30,
         3,
@@ -273,8 +280,15 @@ def run_case(
         for i in range(warmup + steps):
             _sync(device)
             start = time.perf_counter()
-            lp, _ = logprobs_of(model, sequences, case.layout, case.logits, chunk_tokens, device)
-            loss = -(lp * weights).sum() / lp.numel()
+            with (
+                torch.autocast(device.type, dtype=torch.bfloat16)
+                if autocast
+                else contextlib.nullcontext()
+            ):
+                lp, _ = logprobs_of(
+                    model, sequences, case.layout, case.logits, chunk_tokens, device
+                )
+                loss = -(lp.float() * weights).sum() / lp.numel()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -359,6 +373,12 @@ def main(
         help="attention kernel: sdpa runs packed rows with a dense [N, N] mask, "
         "flex_attention with a block mask that skips other sequences' blocks",
     )
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="forward under bf16 autocast (with --dtype float32: the built-in trainer's "
+        "float32 weights and AdamW state)",
+    )
     parser.add_argument("--layouts", default="packed,padded")
     parser.add_argument("--logits", default="chunked,full")
     parser.add_argument(
@@ -376,6 +396,7 @@ def main(
         "environment": environment(device),
         "shape": args.shape,
         "dtype": args.dtype,
+        "autocast": args.autocast,
         "attn": args.attn,
         "chunk_tokens": args.chunk_tokens,
     }
@@ -410,6 +431,8 @@ def main(
                         args.warmup,
                         args.chunk_tokens,
                         seed=tokens,
+                        attn=args.attn,
+                        autocast=args.autocast,
                     )
                 cases.append(case)
                 emit(
