@@ -52,6 +52,7 @@ def quickstart_eval(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -
     on in-process vLLM: 2 families x 2 tasks x 2 samples): its run folder and what the command
     printed. Shared by the workers of this test run and by no other run; read it, never write
     into it."""
+    import shutil
     import subprocess
     import sys
 
@@ -61,6 +62,8 @@ def quickstart_eval(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -
     with _locked(shared.with_suffix(".lock")):
         if not printed.is_file():
             run = shared / "run"
+            shutil.rmtree(run, ignore_errors=True)  # what a worker that died making it left
+            shared.mkdir(parents=True, exist_ok=True)
             args = [
                 sys.executable,
                 "-m",
@@ -72,9 +75,6 @@ def quickstart_eval(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -
                 args += ["--set", item]
             done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=REPO)
             if done.returncode != 0:
-                import shutil
-
-                shutil.rmtree(run, ignore_errors=True)  # the next file that asks tries again
                 pytest.fail(f"the shared quickstart eval failed:\n{done.stderr[-3000:]}")
             printed.write_text(done.stdout)
     return shared / "run", printed.read_text()
