@@ -1,10 +1,13 @@
-"""Shared fixtures: the real embedded model and its tokenizer, prepared once per machine."""
+"""Shared fixtures: the real embedded model and its tokenizer, prepared once per machine, and a
+real eval run made once per test run; the parallel scheduler of the test files."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,74 @@ def tokenizer(model_dir: Path) -> Any:
     from conveyor.engines.factory import load_tokenizer
 
     return load_tokenizer(model_dir)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+# One real `conveyor eval` run per test run, read by several files (the eval contract, the
+# viewer, the Tinker bridge check): each used to make its own, the same command with the same
+# sizes. The first worker that asks makes it under a file lock; the others wait and read it.
+QUICKSTART_EVAL = [
+    "tasks.num_tasks=2",
+    "tasks.group_size=2",
+    "agent.max_turns=2",
+    "agent.max_completion_tokens=32",
+]
+
+
+@pytest.fixture(scope="session")
+def quickstart_eval(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> tuple[Path, str]:
+    """`conveyor eval configs/quickstart-eval.yaml` with `QUICKSTART_EVAL` (the embedded model
+    on in-process vLLM: 2 families x 2 tasks x 2 samples): its run folder and what the command
+    printed. Shared by the workers of this test run and by no other run; read it, never write
+    into it."""
+    import shutil
+    import subprocess
+    import sys
+
+    del model_dir  # prepared first: the run evaluates it
+    shared = _shared_dir(tmp_path_factory) / "quickstart-eval"
+    printed = shared / "stdout.txt"
+    with _locked(shared.with_suffix(".lock")):
+        if not printed.is_file():
+            run = shared / "run"
+            shutil.rmtree(run, ignore_errors=True)  # what a worker that died making it left
+            shared.mkdir(parents=True, exist_ok=True)
+            args = [
+                sys.executable,
+                "-m",
+                "conveyor.cli",
+                "eval",
+                str(REPO / "configs/quickstart-eval.yaml"),
+            ]
+            for item in [*QUICKSTART_EVAL, f"run.dir={run}"]:
+                args += ["--set", item]
+            done = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=REPO)
+            if done.returncode != 0:
+                pytest.fail(f"the shared quickstart eval failed:\n{done.stderr[-3000:]}")
+            printed.write_text(done.stdout)
+    return shared / "run", printed.read_text()
+
+
+def _shared_dir(factory: pytest.TempPathFactory) -> Path:
+    """A folder of this test run that every xdist worker sees: the parent of the workers' own
+    temp folders (a run of its own), or the temp folder of a run without workers."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created) between processes, held for the block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # Parallel runs (`pytest -n 2 --dist loadgroup`, what scripts/test.sh does): each file stays on

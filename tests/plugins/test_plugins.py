@@ -16,6 +16,7 @@ import pytest
 
 from conveyor.config import ConfigError, load_config
 from conveyor.dispatch.config import DispatchSettings
+from conveyor.trainer.advantages import build_advantage
 
 PARTS = Path(__file__).parent / "parts"
 PLUGINS = ["serial_strategy", "centred_advantage", "counting_engine", "echo_family"]
@@ -144,30 +145,41 @@ def test_bad_options_of_a_plugin_strategy_or_engine_are_refused_naming_the_key(
         load_config(config, [override])
 
 
-@pytest.mark.slow
-def test_a_training_run_uses_every_plugin_part(tmp_path: Path, model_dir: Path) -> None:
+def test_an_advantage_without_options_named_in_yaml_is_what_the_rl_loop_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rl.advantage: centred` (a plugin estimator with no options of its own), built as the RL
+    loop builds it (`build_advantage` of the loaded config's choice) and called on a step's
+    groups. The training run below names the estimator with options instead: one run covers
+    every other plugin part, and this estimator's own code runs here."""
+    monkeypatch.syspath_prepend(str(PARTS))
+    log = tmp_path / "plugin.log"
+    monkeypatch.setenv("CONVEYOR_PLUGIN_LOG", str(log))
     config = tmp_path / "plugins.yaml"
     config.write_text(CONFIG)
-    log = tmp_path / "plugin.log"
-    run_dir = tmp_path / "run"
-    done = conveyor("train", str(config), "--set", f"run.dir={run_dir}", log=log)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = log.read_text().splitlines()
-    assert "advantage centred 2 groups" in lines  # the one RL step's 2 groups
-    # the strategy ran the evaluation before, the step's 4 rollouts and the evaluation after,
-    # and the strategy and the engine each logged under the label their YAML options gave
-    assert lines.count("strategy one_by_one 2 rollouts") == 2
-    assert "strategy one_by_one 4 rollouts" in lines
-    assert sum(1 for line in lines if line == "engine counted request") >= 8
-    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 4 and all(r["task_id"].startswith("echo-train-") for r in rollouts)
-    (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert metrics["step"] == 1
+    choice = load_config(config).config.rl.advantage
+    assert choice.name == "centred"
+    estimator = build_advantage(choice.name, choice.options)
+    assert estimator([[1.0, 0.0], [0.5, 0.5]]) == [[0.5, -0.5], [0.0, 0.0]]
+    assert log.read_text().splitlines() == ["advantage centred 2 groups"]
 
 
 # Parts that take options of their own: an advantage estimator, a policy loss and a training
 # backend, each one file in tests/plugins/parts, named with typed options in YAML.
 OPTION_PLUGINS = ["shifted_advantage", "reinforce_loss", "counting_backend", "echo_family"]
+
+
+ADVANTAGE_WITH_OPTIONS = (
+    "  advantage:\n    name: shifted\n    options: {baseline: 0.25, scale: 2.0}\n"
+)
+
+
+def trainer_with_options(backend_log: Path) -> str:
+    """The `trainer:` line of CONFIG with a plugin loss and backend, each with options."""
+    return (
+        "trainer:\n  loss:\n    name: reinforce\n    options: {coef: 0.5}\n"
+        f"  backend:\n    name: counting\n    options: {{log: {backend_log}}}\n"
+    )
 
 
 def options_config(backend_log: Path) -> str:
@@ -180,15 +192,8 @@ def options_config(backend_log: Path) -> str:
             "  strategy:\n    name: serial\n    options: {label: one_by_one}\n",
             "  strategy: pipeline\n",
         )
-        .replace(
-            "  advantage: centred\n",
-            "  advantage:\n    name: shifted\n    options: {baseline: 0.25, scale: 2.0}\n",
-        )
-        .replace(
-            "trainer:\n",
-            "trainer:\n  loss:\n    name: reinforce\n    options: {coef: 0.5}\n"
-            f"  backend:\n    name: counting\n    options: {{log: {backend_log}}}\n",
-        )
+        .replace("  advantage: centred\n", ADVANTAGE_WITH_OPTIONS)
+        .replace("trainer:\n", trainer_with_options(backend_log))
     )
 
 
@@ -237,20 +242,41 @@ def test_bad_options_of_a_plugin_part_are_refused_naming_the_key(
     assert "Traceback" not in refused.stderr
 
 
+def every_part_config(backend_log: Path) -> str:
+    """CONFIG (a plugin strategy and engine with their options, the echo family) with the
+    parts of `options_config` (advantage, loss and backend with their options) added: what one
+    training run names."""
+    plugins = ["serial_strategy", "counting_engine", *OPTION_PLUGINS]
+    return (
+        CONFIG.replace(f"plugins: [{', '.join(PLUGINS)}]", f"plugins: [{', '.join(plugins)}]")
+        .replace("  advantage: centred\n", ADVANTAGE_WITH_OPTIONS)
+        .replace("trainer:\n", trainer_with_options(backend_log))
+    )
+
+
 @pytest.mark.slow
-def test_a_training_run_uses_plugin_parts_with_their_options(
+def test_a_training_run_uses_every_plugin_part_with_its_options(
     tmp_path: Path, model_dir: Path
 ) -> None:
-    config = tmp_path / "options.yaml"
+    """One `conveyor train` names a plugin strategy, engine, advantage, loss, backend and
+    family, each with options from YAML (the advantage without options is the test above)."""
+    config = tmp_path / "plugins.yaml"
     backend_log = tmp_path / "backend.log"
-    config.write_text(options_config(backend_log))
+    config.write_text(every_part_config(backend_log))
     log = tmp_path / "plugin.log"
     run_dir = tmp_path / "run"
     done = conveyor("train", str(config), "--set", f"run.dir={run_dir}", log=log)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = log.read_text().splitlines()
+    # the strategy ran the evaluation before, the step's 4 rollouts and the evaluation after,
+    # and the strategy and the engine each logged under the label their YAML options gave
+    assert lines.count("strategy one_by_one 2 rollouts") == 2
+    assert "strategy one_by_one 4 rollouts" in lines
+    assert sum(1 for line in lines if line == "engine counted request") >= 8
     assert "advantage shifted baseline=0.25 scale=2.0" in lines
     assert "loss reinforce coef=0.5" in lines
     assert backend_log.read_text().splitlines()[0].startswith("backend counting update 1 ")
+    rollouts = [json.loads(x) for x in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 4 and all(r["task_id"].startswith("echo-train-") for r in rollouts)
     (metrics,) = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics["step"] == 1

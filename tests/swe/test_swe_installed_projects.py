@@ -56,6 +56,15 @@ async def _score(row: SweRow, oracle: bool) -> float:
         await runtime.close()
 
 
+def test_these_are_the_factory_projects_the_trust_test_leaves_to_this_file() -> None:
+    """test_swe_trust.py grades the oracle and the empty patch on every other factory project:
+    together the two files cover each project at its pinned release once."""
+    from test_swe_trust import FACTORY_PROJECTS, NEEDS_METADATA
+
+    here = {(name, version) for name, version, _ in PROJECTS}
+    assert here == {p for p in FACTORY_PROJECTS if p[0] in NEEDS_METADATA}
+
+
 @pytest.mark.parametrize(("name", "version", "needs_metadata"), PROJECTS)
 def test_metadata_tests_pass_and_oracle_resolves(
     name: str, version: str, needs_metadata: str

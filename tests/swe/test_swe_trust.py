@@ -10,7 +10,8 @@ inflection rows built by the factory. The attacks are real: with every defence s
 Which single defence stops which attack is shown in test_swe_canaries.py (canaries),
 test_swe_audit.py (each in-process check) and test_swe_tree_guard.py (the tree guard); the
 table is in docs/sandbox.md. Also here: the oracle resolves and the empty patch does not on
-every factory project (2 rows each), with all defences on.
+every factory project (2 rows each), with all defences on (the three that need their installed
+metadata in test_swe_installed_projects.py, on the same rows).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ FACTORY_PROJECTS = [
     ("stevedore", "5.10.0"),
     ("keyring", "25.7.0"),
 ]
+# The three projects whose tests need the release's installed metadata: their oracle and empty
+# patch are graded on these same rows (2 each, every defence on) by
+# test_swe_installed_projects.py, beside the metadata check; not a second time here.
+NEEDS_METADATA = {"markdown", "stevedore", "keyring"}
 PATCH_ATTACKS = ("conftest_quoted_name",)
 
 
@@ -149,12 +154,15 @@ def test_each_attack_is_paid_with_every_defence_off(
     assert _cli(row, attack, tmp_path)["resolved"] is True
 
 
-@pytest.mark.parametrize(("name", "version"), FACTORY_PROJECTS)
+@pytest.mark.parametrize(
+    ("name", "version"), [p for p in FACTORY_PROJECTS if p[0] not in NEEDS_METADATA]
+)
 def test_oracle_resolves_and_empty_does_not_on_every_factory_project(
     name: str, version: str, tmp_path: Path
 ) -> None:
     """With every defence on (canaries validated and run, the audit hook, the tree guard),
-    through the family: the gold patch applied with the editor scores 1, finishing at once 0."""
+    through the family: the gold patch applied with the editor scores 1, finishing at once 0
+    (the `NEEDS_METADATA` projects in test_swe_installed_projects.py)."""
     family = SweFamily()
     for row in factory_rows(name, version):
         task = family.task(row)

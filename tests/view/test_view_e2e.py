@@ -25,21 +25,17 @@ def conveyor(*args: str) -> list[str]:
 
 
 def test_view_of_a_real_eval_run_shows_its_tokens(
-    tmp_path: Path, model_dir: Path, open_page: Any
+    tmp_path: Path, quickstart_eval: tuple[Path, str], open_page: Any
 ) -> None:
-    run = tmp_path / "eval"
-    conveyor(
-        "eval", "configs/quickstart-eval.yaml",
-        "--set", "tasks.num_tasks=1", "--set", "tasks.group_size=2",
-        "--set", "agent.max_turns=2", "--set", "agent.max_completion_tokens=24",
-        "--set", f"run.dir={run}",
-    )  # fmt: skip
+    # the `conveyor eval` run made once per test run (tests/conftest.py): 2 families x 2 tasks
+    # x 2 samples, 2 turns of 32 tokens; the page goes to this test's own folder
+    run, _ = quickstart_eval
     out = tmp_path / "view.html"
     contract = json.loads(conveyor("view", str(run), "--out", str(out), "--json")[-1])
     trajectories = [
         Trajectory.from_json(line) for line in (run / "trajectories.jsonl").read_text().splitlines()
     ]
-    assert contract["trajectories"] == len(trajectories) == 4
+    assert contract["trajectories"] == len(trajectories) == 2 * 2 * 2
     assert contract["tokens"] == sum(len(s.input_ids) for t in trajectories for s in t.samples())
 
     page, log = open_page(out, "#list")

@@ -3,7 +3,7 @@ by the SDK's own wire encoder, decoded back and checked against our samples and 
 
 The fast tests build samples from the real tokenizer (ids of a rendered chat, the assistant part
 trained, behaviour logprobs drawn from a seeded generator); the slow ones use trajectories of real
-rollouts of the embedded model (`conveyor eval` with engine.kind hf, written once per module).
+rollouts of the embedded model (the `conveyor eval` run made once per test run).
 """
 
 from __future__ import annotations
@@ -132,23 +132,10 @@ def test_check_without_the_sdk_is_unavailable(
 
 
 @pytest.fixture(scope="module")
-def rollouts(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
-    """trajectories.jsonl of real sampled rollouts: 2 families x 2 tasks x 2 samples, with the
-    embedded model on the transformers engine (starts faster than vLLM on CPU)."""
-    run = tmp_path_factory.mktemp("tinker") / "run"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "conveyor.cli", "eval", "configs/quickstart-eval.yaml",
-            "--set", "engine.kind=hf",
-            "--set", "tasks.num_tasks=2",
-            "--set", "tasks.group_size=2",
-            "--set", "agent.max_turns=2",
-            "--set", "agent.max_completion_tokens=32",
-            "--set", f"run.dir={run}",
-        ],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+def rollouts(quickstart_eval: tuple[Path, str]) -> Path:
+    """trajectories.jsonl of real sampled rollouts: 2 families x 2 tasks x 2 samples of the
+    embedded model, from the `conveyor eval` run made once per test run (tests/conftest.py)."""
+    run, _ = quickstart_eval
     return run / "trajectories.jsonl"
 
 
