@@ -85,7 +85,7 @@ def test_a_warm_start_with_a_service_backend_is_refused_before_anything_starts(
 ) -> None:
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"),
+            *(sys.executable, "-m", "conveyor.cli", "train", "configs/filenav.yaml"),
             *("--set", "trainer.backend=tinker", "--set", f"run.dir={tmp_path / 'run'}"),
         ],
         capture_output=True,
@@ -114,7 +114,7 @@ def test_training_on_a_backend_unusable_here_is_refused_at_start_with_its_reason
 ) -> None:
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"),
+            *(sys.executable, "-m", "conveyor.cli", "train", "configs/filenav.yaml"),
             *("--set", f"trainer.backend={backend}", "--set", "rl.warm_start.steps=0"),
             *("--set", f"run.dir={tmp_path / 'run'}"),
         ],

@@ -20,7 +20,7 @@ from conveyor.models import default_model_dir
 REPO = Path(__file__).resolve().parents[2]
 SWE_GPU = REPO / "configs" / "swe-gpu.yaml"
 SWE_GPU_4NODE = REPO / "configs" / "swe-gpu-4node.yaml"
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
+QUICKSTART = REPO / "configs" / "filenav.yaml"
 ONE_DEVICE = ["--set", "engine.replicas=1", "--gpus-per-node", "1", "--gpu-memory-gib", "80"]
 
 

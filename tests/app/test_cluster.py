@@ -73,12 +73,12 @@ def test_cluster_settings_that_cannot_work_together_are_refused(
     overrides: list[str], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_config(REPO / "configs/quickstart.yaml", overrides)
+        load_config(REPO / "configs/filenav.yaml", overrides)
 
 
 def test_a_cluster_run_is_one_section_and_one_backend_name() -> None:
     resolved = load_config(
-        REPO / "configs/quickstart.yaml",
+        REPO / "configs/filenav.yaml",
         [
             "cluster.address=ray://head:10001",
             "trainer.backend=ray_fsdp",
@@ -89,7 +89,7 @@ def test_a_cluster_run_is_one_section_and_one_backend_name() -> None:
     assert (cluster.address, cluster.trainer_workers) == ("ray://head:10001", 4)
     assert (cluster.sandbox_resource, cluster.trainer_resource) == ("sandbox", "trainer")
     assert resolved.sources["cluster.address"] == "--set"
-    assert load_config(REPO / "configs/quickstart.yaml").config.cluster.address is None
+    assert load_config(REPO / "configs/filenav.yaml").config.cluster.address is None
 
 
 def test_cluster_addresses_name_the_head_they_probe() -> None:
@@ -185,7 +185,7 @@ def test_a_cluster_without_a_sandbox_node_is_refused_at_start(tmp_path: Path) ->
         started = time.monotonic()
         result = conveyor(
             "train",
-            "configs/quickstart.yaml",
+            "configs/filenav.yaml",
             *("--set", f"cluster.address={cluster.address}"),
             *("--set", "trainer.backend=ray_fsdp"),
             *("--set", "cluster.trainer_workers=3"),
@@ -256,7 +256,7 @@ def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     sets = [*TWO_STEPS, f"run.dir={run_dir}", *extra]
     return conveyor(
         "train",
-        "configs/quickstart.yaml",
+        "configs/filenav.yaml",
         *[arg for item in sets for arg in ("--set", item)],
     )
 

@@ -15,7 +15,7 @@ from conveyor.app.train import check_plan, run_training
 from conveyor.config import ConfigError, config_to_yaml, load_config
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
+QUICKSTART = REPO / "configs" / "filenav.yaml"
 HEADROOM = REPO / "configs" / "rl-headroom.yaml"
 
 

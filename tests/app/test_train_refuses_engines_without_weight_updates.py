@@ -29,7 +29,7 @@ import pytest
 import conveyor
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs" / "quickstart.yaml"
+CONFIG = REPO / "configs" / "filenav.yaml"
 # The acceptance bound of issue 15 (not a speed benchmark: the refusal must not wait for an
 # evaluation, a warm start or an engine start), in seconds beyond the time the same interpreter
 # takes to import what the command imports (torch and transformers: 8-10 s on an idle core, and

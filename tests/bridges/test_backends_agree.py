@@ -37,7 +37,7 @@ COMMON = [
 
 def _conveyor(command: str, run_dir: Path, *overrides: str) -> None:
     sets = [a for key in (*overrides, f"run.dir={run_dir}") for a in ("--set", key)]
-    config = str(REPO / "configs" / "quickstart.yaml")
+    config = str(REPO / "configs" / "filenav.yaml")
     done = subprocess.run(
         [sys.executable, "-m", "conveyor.cli", command, config, *sets],
         capture_output=True,

@@ -247,7 +247,7 @@ def test_eval_over_two_replicas_keeps_rollouts_together_and_retries_a_dead_repli
     alive, dying = stand_ins
     run_dir = tmp_path / "run"
     resolved = load_config(
-        REPO / "configs" / "quickstart.yaml",
+        REPO / "configs" / "filenav.yaml",
         [
             "engine.kind=openai",
             f"engine.base_urls=[{alive.url}, {dying.url}]",

@@ -52,7 +52,7 @@ _SERVER = "vllm.entrypoints.openai.api_server"
 def _eval(overrides: list[str]) -> None:
     from conveyor.app.evaluate import run_eval
 
-    resolved = load_config(REPO / "configs" / "quickstart.yaml", [*COMMON, *overrides])
+    resolved = load_config(REPO / "configs" / "filenav.yaml", [*COMMON, *overrides])
     asyncio.run(run_eval(resolved, show_progress=False))
 
 
@@ -104,7 +104,7 @@ def _routed_eval_with_a_kill(run_dir: Path) -> Path:
     from conveyor.app.evaluate import run_eval
 
     resolved = load_config(
-        REPO / "configs" / "quickstart.yaml",
+        REPO / "configs" / "filenav.yaml",
         [
             *COMMON,
             "engine.replicas=2",

@@ -186,7 +186,7 @@ def test_the_warm_start_imitates_demonstrations_solved_or_not_and_only_solved_or
     kept, solved = map(int, re.search(r"(\d+)/12 traces kept \((\d+) solve", said).groups())
     assert kept == 12 and 0 < solved < 12 and "12 of them demonstrations" in said, said
     assert len(samples) == 12  # one sample per trace: its turns share one prefix
-    filenav = Composition(load_config(REPO / "configs" / "quickstart.yaml", sets).config)
+    filenav = Composition(load_config(REPO / "configs" / "filenav.yaml", sets).config)
     _, said = run(warm_start_samples(filenav))
     assert "12/12 traces kept (12 solve their task)" in said and "demonstrations" not in said
 

@@ -32,7 +32,7 @@ from conveyor.trainer.loop import TaskStream
 
 pytestmark = pytest.mark.slow
 
-CONFIG = "configs/quickstart.yaml"
+CONFIG = "configs/filenav.yaml"
 TINY = [
     "rl.eval.tasks=0",
     "rl.warm_start.steps=0",

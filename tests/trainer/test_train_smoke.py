@@ -32,7 +32,7 @@ SMALL = [
 
 
 def train(*extra: str) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "conveyor.cli", "train", "configs/quickstart.yaml"]
+    args = [sys.executable, "-m", "conveyor.cli", "train", "configs/filenav.yaml"]
     for item in [*SMALL, *extra]:
         args += ["--set", item]
     return subprocess.run(args, capture_output=True, text=True, timeout=1200)
@@ -73,7 +73,7 @@ def test_quickstart_smoke_writes_the_contract_files(
             "-m",
             "conveyor.cli",
             "train",
-            "configs/quickstart.yaml",
+            "configs/filenav.yaml",
             *[arg for item in SMALL for arg in ("--set", item)],
             "--resume",
             str(run_dir),

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     sets = [arg for key in (*overrides, f"run.dir={run_dir}") for arg in ("--set", key)]
-    config = str(REPO / "configs" / "quickstart.yaml")
+    config = str(REPO / "configs" / "filenav.yaml")
     return subprocess.run(
         [sys.executable, "-m", "conveyor.cli", "train", config, *sets],
         capture_output=True,
