@@ -110,9 +110,7 @@ def layout_worker(rank: int, port: int, folder: Path, out: Path, layout: str) ->
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        engine = TorchTrainingEngine(
-            folder, TrainerConfig(fsdp=True, **FLOAT32, **LAYOUTS[layout])
-        )
+        engine = TorchTrainingEngine(folder, TrainerConfig(fsdp=True, **FLOAT32, **LAYOUTS[layout]))
         batch = random_batch(n=7, seed=22)
         logprobs = engine.compute_logprobs(batch.samples)
         result = engine.step(batch)
