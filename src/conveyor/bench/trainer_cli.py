@@ -58,7 +58,7 @@ def trainer(
             "instances of --packing-config's families, after the main comparison; 0: skip "
             "(--quick: 4)",
         ),
-    ] = 16,
+    ] = 8,
     packing_config: Annotated[
         Path, typer.Option(help="the config whose tasks and trainer budget the packing part uses")
     ] = Path("configs/quickstart.yaml"),
