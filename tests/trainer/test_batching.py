@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
+from conveyor.trainer.batching import (
+    MicroBatch,
+    assign_to_ranks,
+    plan_micro_batches,
+    plan_packed_micro_batches,
+)
 
 
 def test_every_index_once_and_budget_respected() -> None:
@@ -52,3 +57,30 @@ def test_assign_to_ranks_balances_tokens_and_keeps_everything() -> None:
     assert sorted(m.indices[0] for r in ranks for m in r) == list(range(6))
     # more ranks than work: some ranks get nothing (the engine pads them with empty passes)
     assert [len(r) for r in assign_to_ranks(plan[:1], world_size=3)] == [1, 0, 0]
+
+
+def test_packed_plan_budgets_real_tokens_first_fit_longest_first() -> None:
+    lengths = [10, 100, 12, 98, 11, 99, 150]
+    plan = plan_packed_micro_batches(lengths, max_tokens=200)
+    # longest first, each into the first micro-batch with room: 150 | 100, then 99 (199) | 98;
+    # 12, 11 and 10 all fit after 150 (183)
+    assert [m.indices for m in plan] == [(6, 2, 4, 0), (1, 5), (3,)]
+    assert [m.packed_tokens for m in plan] == [183, 199, 98]
+    assert [m.padded_tokens for m in plan] == [183, 199, 98]  # a packed row has no padding
+    assert [m.padded_length for m in plan] == [150, 100, 98]
+    # the padded planner on the same budget needs more passes and pads them
+    padded = plan_micro_batches(lengths, max_tokens=200)
+    assert len(padded) > len(plan)
+    assert sum(m.padded_tokens for m in padded) > sum(lengths)
+
+
+def test_packed_plan_every_index_once_within_budget() -> None:
+    rng = random.Random(1)
+    lengths = [rng.randint(1, 300) for _ in range(200)]
+    plan = plan_packed_micro_batches(lengths, max_tokens=512)
+    assert sorted(i for m in plan for i in m.indices) == list(range(200))
+    for m in plan:
+        assert m.packed_tokens == sum(lengths[i] for i in m.indices) <= 512
+    assert plan_packed_micro_batches([600, 5], max_tokens=512)[0].indices == (0,)  # over budget
+    with pytest.raises(ValueError, match="sequence 1 is empty"):
+        plan_packed_micro_batches([3, 0], max_tokens=8)

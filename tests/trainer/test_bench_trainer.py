@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -51,7 +52,7 @@ def test_bad_engine_settings_are_refused_before_anything_starts(option: str, mes
 @pytest.mark.slow
 def test_engine_settings_are_measured_against_the_full_fine_tuning_engine() -> None:
     args = ["trainer", "--quick", "--json", "--warmup", "0", "--steps", "2", "--baseline", "engine"]
-    args += ["--set", "lora.enabled=true", "--set", "train_last_layers=1"]
+    args += ["--set", "lora.enabled=true", "--set", "train_last_layers=1", "--packing-tasks", "0"]
     result = CliRunner().invoke(_bench_app(), args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
@@ -62,9 +63,11 @@ def test_engine_settings_are_measured_against_the_full_fine_tuning_engine() -> N
 
 @pytest.mark.slow
 def test_quick_bench_prints_the_json_contract_last() -> None:
-    result = CliRunner().invoke(_bench_app(), ["trainer", "--quick", "--json", "--warmup", "1"])
+    args = ["trainer", "--quick", "--json", "--warmup", "1", "--packing-tasks", "0"]
+    result = CliRunner().invoke(_bench_app(), args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output.strip().splitlines()[-1])
+    assert "packing" not in report
     for key in ("tokens_per_s", "baseline_tokens_per_s", "ratio", "peak_rss_mb"):
         assert report[key] > 0, key
     assert report["ratio"] == pytest.approx(
@@ -72,3 +75,29 @@ def test_quick_bench_prints_the_json_contract_last() -> None:
     )
     assert len(report["step_s"]) == len(report["baseline_step_s"]) == 10
     assert report["batch"]["padded_tokens"] >= report["batch"]["tokens"]
+
+
+@pytest.mark.slow
+def test_packing_is_measured_against_padding_on_real_trajectories(model_dir: Path) -> None:
+    """The quickstart's oracle traces (real, multi-turn), the tiny model, one step each side."""
+    args = ["trainer", "--quick", "--json", "--warmup", "0", "--steps", "1"]
+    args += ["--packing-tasks", "3", "--packing-micro-batch-tokens", "4096"]
+    result = CliRunner().invoke(_bench_app(), args)
+    assert result.exit_code == 0, result.output
+    packing = json.loads(result.output.strip().splitlines()[-1])["packing"]
+    assert packing["padded_tok_s"] > 0 and packing["packed_tok_s"] > 0
+    assert packing["ratio"] == pytest.approx(packing["packed_tok_s"] / packing["padded_tok_s"])
+    assert packing["sequences"] >= 3 and packing["micro_batch_tokens"] == 4096
+    # real trajectories differ in length: right-padding them wastes positions, packing none
+    assert 0 < packing["padding_fraction"] < 1
+    assert packing["padding_fraction"] == pytest.approx(
+        1 - packing["tokens"] / packing["padded_tokens"]
+    )
+    assert packing["micro_batches"]["packed"] <= packing["micro_batches"]["padded"]
+    assert "configs/filenav.yaml" in packing["trajectories"]
+
+
+def test_a_missing_packing_config_is_refused_before_anything_starts() -> None:
+    args = ["trainer", "--quick", "--packing-config", "none.yaml"]
+    result = CliRunner().invoke(_bench_app(), args)
+    assert result.exit_code == 2 and "none.yaml not found" in result.output

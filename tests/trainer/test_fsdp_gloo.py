@@ -90,3 +90,71 @@ def test_two_rank_fsdp_step_equals_a_single_process_step(tmp_path: Path) -> None
             assert torch.equal(result["reloaded"][name], result["weights"][name])
         assert result["extra"] == {"rank_agnostic": True}
         assert result["version"] == 1
+
+
+# float32: under bf16 autocast (dtype auto on a CPU with AVX512-BF16) the layouts round
+# differently (grad norms 4e-5 apart on one process already)
+FLOAT32: dict[str, Any] = {**SETTINGS, "dtype": "float32"}
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "packed": {"packing": True},
+    "chunked": {"logits_chunk_tokens": 6},
+    "packed_chunked": {"packing": True, "logits_chunk_tokens": 6},
+}
+
+
+def layout_worker(rank: int, port: int, folder: Path, out: Path, layout: str) -> None:
+    """One packed, chunked-logits step of a two-rank FSDP engine; results to rank{r}.pt."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        engine = TorchTrainingEngine(folder, TrainerConfig(fsdp=True, **FLOAT32, **LAYOUTS[layout]))
+        batch = random_batch(n=7, seed=22)
+        logprobs = engine.compute_logprobs(batch.samples)
+        result = engine.step(batch)
+        weights = {name: t.clone() for name, t in engine.export_weights()}
+        torch.save(
+            {
+                "weights": weights,
+                "logprobs": logprobs,
+                "loss": result.loss,
+                "grad_norm": result.grad_norm,
+            },
+            out / f"rank{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fsdp_packed_chunked_step_equals_a_single_process_padded_step(
+    tmp_path: Path, layout: str
+) -> None:
+    """Under FSDP2 the LM head's weight is gathered by the root unit's forward: the chunked
+    head reads it after the forward, and its gradient reaches the sharded parameter."""
+    folder = save_tiny_llama(tmp_path / "tiny")
+    batch = random_batch(n=7, seed=22)
+    single = TorchTrainingEngine(folder, TrainerConfig(**FLOAT32))
+    logprobs = single.compute_logprobs(batch.samples)
+    expected = single.step(batch)
+    reference = dict(single.export_weights())
+
+    torch.multiprocessing.spawn(
+        layout_worker, args=(free_port(), folder, tmp_path, layout), nprocs=WORLD
+    )
+
+    for rank in range(WORLD):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        worst = max(
+            abs(a - b)
+            for got, want in zip(result["logprobs"], logprobs, strict=True)
+            for a, b in zip(got, want, strict=True)
+        )
+        assert worst < 1e-6
+        assert result["loss"] == pytest.approx(expected.loss, abs=1e-6)
+        assert result["grad_norm"] == pytest.approx(expected.grad_norm, rel=1e-5)
+        for name, tensor in reference.items():
+            torch.testing.assert_close(result["weights"][name], tensor, atol=1e-5, rtol=0)

@@ -16,10 +16,18 @@ tokens) and `ratio`; on a shared machine `paired_ratio_median` (median over step
 time / engine time of the adjacent pair) is the steadier number. Peak memory: the process's
 max RSS on CPU, `torch.cuda.max_memory_allocated` on GPU. The last printed line is one JSON
 object.
+
+Then, in the same run, `packing`: the engine (with the same settings) right-padded against
+packed (`trainer.packing`), both on real trajectories: the quickstart's oracle traces of
+`packing_tasks` instances (`configs/filenav.yaml`'s families through the real agent loop,
+tools and chat template: what its warm start trains on), with that config's micro-batch budget
+(padded tokens for one side, real tokens for the other). Two more processes, interleaved the
+same way; `padding_fraction` is the padded side's share of padding positions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import resource
@@ -33,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.trainer.backend import TrainBatch
-from conveyor.trainer.batching import plan_micro_batches
+from conveyor.trainer.batching import plan_micro_batches, plan_packed_micro_batches
 from conveyor.types import TrainingSample
 
 SIDES = ("engine", "baseline")
+PACKING_SIDES = ("padded", "packed")
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,14 @@ class TrainerBenchSpec:
     # "plain": the hand-written transformers loop; "engine": the engine with default settings
     # (full fine-tuning), so `engine_settings` are measured against full fine-tuning
     baseline: str = "plain"
+    # padded vs packed on real trajectories: oracle traces of this many instances per family
+    # of `packing_config` (0: not measured), micro-batch budget `packing_micro_batch_tokens`
+    # (None: the config's trainer.micro_batch_tokens); the trajectories are tokenized by the
+    # embedded model unless `packing_model_path` names another HF folder
+    packing_tasks: int = 0
+    packing_config: str = "configs/filenav.yaml"
+    packing_micro_batch_tokens: int | None = None
+    packing_model_path: str | None = None
 
 
 def synthetic_batch(spec: TrainerBenchSpec, vocab_size: int) -> TrainBatch:
@@ -78,31 +95,84 @@ def synthetic_batch(spec: TrainerBenchSpec, vocab_size: int) -> TrainBatch:
     return TrainBatch(items=items)
 
 
+def quickstart_batch(spec: TrainerBenchSpec) -> tuple[TrainBatch, int, str]:
+    """Real training samples for the packing comparison, the micro-batch budget, and a line
+    saying where they came from.
+
+    The oracle traces of `spec.packing_tasks` train instances per family of
+    `spec.packing_config` (the quickstart's warm-start data: multi-turn, real tool output, the
+    model's chat template, token-exact), advantages +-1 (seeded); their behaviour logprobs are
+    the oracle's 0.0, which changes no step's cost.
+    """
+    from conveyor.app.compose import Composition
+    from conveyor.app.train import warm_start_samples
+    from conveyor.config import load_config
+
+    path = Path(spec.packing_config)
+    if not path.is_file():
+        raise ValueError(f"packing config {path} not found (run from the repository root)")
+    overrides = [f"rl.warm_start.tasks={spec.packing_tasks}", f"trainer.seed={spec.seed}"]
+    if spec.packing_model_path is not None:
+        overrides.append(f"model.path={spec.packing_model_path}")
+    config = load_config(path, overrides).config
+    parts = Composition(config)
+
+    async def traces() -> tuple[list[TrainingSample], str]:
+        try:
+            return await warm_start_samples(parts)
+        finally:
+            await parts.close()
+
+    samples, said = asyncio.run(traces())
+    if not samples:
+        raise ValueError(f"{path}: no oracle trace to measure packing on ({said})")
+    rng = random.Random(spec.seed)
+    batch = TrainBatch(items=[(s, rng.choice([-1.0, 1.0])) for s in samples])
+    budget = spec.packing_micro_batch_tokens or config.trainer.micro_batch_tokens
+    return batch, budget, f"{path}: {said}"
+
+
 def run_trainer_bench(spec: TrainerBenchSpec) -> dict[str, Any]:
-    """Measure both sides, interleaved step by step; returns the JSON report."""
+    """Measure both sides, interleaved step by step, then padded against packed on real
+    trajectories (when `spec.packing_tasks`); returns the JSON report."""
+    ready, times, stats = _interleave(spec, SIDES, None)
+    report = _report(spec, ready, times, stats)
+    if spec.packing_tasks:
+        batch, budget, source = quickstart_batch(spec)
+        real = (batch, budget)
+        ready, times, stats = _interleave(spec, PACKING_SIDES, real)
+        report["packing"] = _packing_report(ready, times, stats, budget, source)
+    return report
+
+
+def _interleave(
+    spec: TrainerBenchSpec, sides: tuple[str, str], real: tuple[TrainBatch, int] | None
+) -> tuple[dict[str, Any], dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Start one process per side, alternate single steps between them (order swapped every
+    step); returns what each reported at start, its measured step times, and its stats."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     pipes: dict[str, Connection] = {}
     procs = []
-    for side in SIDES:
+    for side in sides:
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(side, spec, child), daemon=True)
+        proc = ctx.Process(target=_worker, args=(side, spec, child, real), daemon=True)
         proc.start()
         pipes[side] = parent
         procs.append(proc)
     try:
-        ready = {side: _recv(pipes[side], side) for side in SIDES}
-        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        ready = {side: _recv(pipes[side], side) for side in sides}
+        times: dict[str, list[float]] = {side: [] for side in sides}
         for k in range(spec.warmup + spec.steps):
-            for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+            for side in sides if k % 2 == 0 else sides[::-1]:
                 pipes[side].send("step")
                 elapsed = _recv(pipes[side], side)
                 print(f"step {k} {side}: {elapsed:.3f}s", file=sys.stderr, flush=True)
                 if k >= spec.warmup:
                     times[side].append(elapsed)
         stats = {}
-        for side in SIDES:
+        for side in sides:
             pipes[side].send("stats")
             stats[side] = _recv(pipes[side], side)
             pipes[side].send("stop")
@@ -111,7 +181,37 @@ def run_trainer_bench(spec: TrainerBenchSpec) -> dict[str, Any]:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return _report(spec, ready, times, stats)
+    return ready, times, stats
+
+
+def _packing_report(
+    ready: dict[str, Any],
+    times: dict[str, list[float]],
+    stats: dict[str, dict[str, float]],
+    budget: int,
+    source: str,
+) -> dict[str, Any]:
+    tokens = ready["padded"]["tokens"]
+    median = {side: statistics.median(times[side]) for side in PACKING_SIDES}
+    padded_tps, packed_tps = tokens / median["padded"], tokens / median["packed"]
+    return {
+        "padded_tok_s": padded_tps,
+        "packed_tok_s": packed_tps,
+        "padding_fraction": 1.0 - tokens / ready["padded"]["padded_tokens"],
+        "ratio": packed_tps / padded_tps,
+        "paired_ratio_median": statistics.median(
+            d / p for d, p in zip(times["padded"], times["packed"], strict=True)
+        ),
+        "padded_step_s": times["padded"],
+        "packed_step_s": times["packed"],
+        "sequences": ready["padded"]["sequences"],
+        "tokens": tokens,
+        "padded_tokens": ready["padded"]["padded_tokens"],
+        "micro_batch_tokens": budget,
+        "micro_batches": {side: ready[side]["micro_batches"] for side in PACKING_SIDES},
+        "peak_rss_mb": {side: stats[side]["peak_rss_mb"] for side in PACKING_SIDES},
+        "trajectories": f"oracle traces of {source}",
+    }
 
 
 def _report(
@@ -171,11 +271,13 @@ def _recv(pipe: Connection, side: str) -> Any:
     return message
 
 
-def _worker(side: str, spec: TrainerBenchSpec, pipe: Connection) -> None:
+def _worker(
+    side: str, spec: TrainerBenchSpec, pipe: Connection, real: tuple[TrainBatch, int] | None
+) -> None:
     import traceback
 
     try:
-        step, info = _build(side, spec)
+        step, info = _build(side, spec, real)
         pipe.send(info)
         import torch
 
@@ -195,33 +297,42 @@ def _worker(side: str, spec: TrainerBenchSpec, pipe: Connection) -> None:
         pipe.send({"error": traceback.format_exc()})
 
 
-def _build(side: str, spec: TrainerBenchSpec) -> tuple[Any, dict[str, Any]]:
+def _build(
+    side: str, spec: TrainerBenchSpec, real: tuple[TrainBatch, int] | None = None
+) -> tuple[Any, dict[str, Any]]:
     import torch
     from transformers import AutoConfig
 
     torch.set_num_threads(spec.threads or os.cpu_count() or 1)
-    vocab = AutoConfig.from_pretrained(spec.model_dir).vocab_size
-    batch = synthetic_batch(spec, vocab)
-    plan = plan_micro_batches([len(s.input_ids) for s in batch.samples], spec.micro_batch_tokens)
+    if real is None:
+        vocab = AutoConfig.from_pretrained(spec.model_dir).vocab_size
+        batch, budget = synthetic_batch(spec, vocab), spec.micro_batch_tokens
+    else:
+        batch, budget = real
+    lengths = [len(s.input_ids) for s in batch.samples]
+    plan = (plan_packed_micro_batches if side == "packed" else plan_micro_batches)(lengths, budget)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     info = {
-        "tokens": sum(len(s.input_ids) for s in batch.samples),
+        "sequences": len(lengths),
+        "tokens": sum(lengths),
         "padded_tokens": sum(m.padded_tokens for m in plan),
         "micro_batches": len(plan),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
     }
-    if side == "engine" or spec.baseline == "engine":
+    if side != "baseline" or spec.baseline == "engine":
         from conveyor.config import TrainerConfig
         from conveyor.trainer.engine import TorchTrainingEngine
 
         values: dict[str, Any] = {
             "lr": 1e-6,
-            "micro_batch_tokens": spec.micro_batch_tokens,
+            "micro_batch_tokens": budget,
             "device": device,
             "seed": spec.seed,
         }
-        if side == "engine":
+        if side != "baseline":
             values.update(spec.engine_settings)
+        if side in PACKING_SIDES:
+            values.update(packing=side == "packed", micro_batch_tokens=budget)
         engine = TorchTrainingEngine(spec.model_dir, TrainerConfig(**values))
         info["trainable_params"] = sum(
             p.numel() for p in engine.model.parameters() if p.requires_grad

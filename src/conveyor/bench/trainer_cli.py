@@ -50,13 +50,32 @@ def trainer(
             "settings (full fine-tuning), to measure --set against it"
         ),
     ] = "plain",
+    packing_tasks: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="padded vs packed (trainer.packing) on the oracle traces of this many "
+            "instances of --packing-config's families, after the main comparison; 0: skip "
+            "(--quick: 4)",
+        ),
+    ] = 8,
+    packing_config: Annotated[
+        Path, typer.Option(help="the config whose tasks and trainer budget the packing part uses")
+    ] = Path("configs/filenav.yaml"),
+    packing_micro_batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="the packing part's micro-batch budget (default: the config's trainer's)"
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print only the JSON report")] = False,
     out: Annotated[Path | None, typer.Option(help="also write the JSON report here")] = None,
 ) -> None:
     """Train-step tokens/s and peak memory of the engine against a plain transformers loop.
 
     The last line printed is one JSON object with `tokens_per_s`, `baseline_tokens_per_s`,
-    `ratio` and `peak_rss_mb`.
+    `ratio`, `peak_rss_mb` and `packing` ({padded_tok_s, packed_tok_s, padding_fraction, ...}:
+    the engine right-padded vs packed on real quickstart trajectories, measured in the same run).
     """
     from conveyor.bench.trainer import (
         TrainerBenchSpec,
@@ -76,6 +95,12 @@ def trainer(
     temporary: Path | None = None
     if quick:
         model, seq_len, micro_batch_tokens = "tiny", 32, 64
+        packing_tasks = min(packing_tasks, 4)
+    if packing_tasks and not packing_config.is_file():
+        raise typer.BadParameter(
+            f"{packing_config} not found (run from the repository root, or --packing-tasks 0)",
+            param_hint="--packing-config",
+        )
     if model == "tiny":
         temporary = tiny_model_dir()
         model_dir = temporary
@@ -97,6 +122,12 @@ def trainer(
         threads=threads,
         engine_settings=engine_settings,
         baseline=baseline,
+        packing_tasks=packing_tasks,
+        packing_config=str(packing_config),
+        packing_micro_batch_tokens=packing_micro_batch_tokens,
+        # the trajectories are tokenized by the model measured (the tiny one shares the
+        # embedded model's vocabulary and has no tokenizer of its own)
+        packing_model_path=None if model in ("default", "tiny") else str(model_dir),
     )
     try:
         report = run_trainer_bench(spec)
@@ -131,3 +162,11 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"{report['baseline_step_s_median']:>10.3f}{report['baseline_peak_rss_mb']:>14.0f}"
     )
     print(f"ratio {report['ratio']:.3f} (tokens/s), {report['rss_ratio']:.3f} (peak RSS)")
+    packing = report.get("packing")
+    if packing:
+        print(
+            f"packing on {packing['sequences']} real trajectories ({packing['tokens']} tokens, "
+            f"{packing['padding_fraction']:.1%} padding at {packing['micro_batch_tokens']} "
+            f"tokens a micro-batch): padded {packing['padded_tok_s']:.1f} tokens/s, packed "
+            f"{packing['packed_tok_s']:.1f} ({packing['ratio']:.3f}x)"
+        )

@@ -5,9 +5,11 @@ These classes are what the trainer itself takes (`TorchTrainingEngine(model_dir,
 The math is in docs/algorithms.md.
 """
 
+import re
+from importlib import metadata
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, field_validator
 
 from conveyor.config.base import PartChoice, Section, chooser, default_part
 from conveyor.registry import ADVANTAGES, BACKENDS, LOSSES
@@ -117,7 +119,9 @@ class TrainerConfig(Section):
         default=1.0, gt=0, description="Clip the global gradient norm; null: no clipping."
     )
     micro_batch_tokens: int = Field(
-        default=4096, gt=0, description="Padded tokens per forward/backward pass."
+        default=4096,
+        gt=0,
+        description="Padded tokens per forward/backward pass (real tokens with packing).",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
@@ -139,6 +143,25 @@ class TrainerConfig(Section):
         default=False,
         description="Shard the model with FSDP2 over the initialised torch.distributed group.",
     )
+    logits_chunk_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Run the LM head and log-softmax on this many kept positions at a time "
+        "under activation checkpointing (trainer/chunked.py), so no [tokens x vocabulary] "
+        "float32 logits exist: the memory lever at long context (32k tokens of a 152k "
+        "vocabulary: 70 -> 22 GiB peak on a GPU, docs/scale.md). Same values as the whole "
+        "logits. null: the LM head runs on all kept positions at once. Checked at load against "
+        "the model's own logits (a head with a bias, logit scaling or softcapping is refused).",
+    )
+    packing: bool = Field(
+        default=False,
+        description="Lay each micro-batch's sequences end to end in one row, positions "
+        "restarting per sequence (transformers >= 4.56 masks across sequence boundaries), "
+        "instead of right-padding them; micro_batch_tokens then counts real tokens. Same "
+        "values as padding; pays where there is padding to save and attention skips other "
+        "sequences (flex or flash attention; under sdpa a long packed row is one dense mask, "
+        "docs/scale.md). Checked at load on the model (packed vs separate logprobs).",
+    )
     device: str = Field(default="auto", description="auto (cuda if available) | cpu | cuda[:n].")
     seed: int = Field(default=0, description="Seed of the trainer's torch RNG.")
     loss: LossChoice = Field(
@@ -148,6 +171,38 @@ class TrainerConfig(Section):
         "kl_estimator) or one registered by a plugin.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+
+    @field_validator("packing")
+    @classmethod
+    def _transformers_masks_packed_rows(cls, packing: bool) -> bool:
+        if packing:
+            refusal = packing_unsupported()
+            if refusal is not None:
+                raise ValueError(refusal)
+        return packing
+
+
+# transformers builds a block-diagonal causal mask from restarting position_ids since 4.56
+# (`masking_utils.find_packed_sequence_indices`); before, a packed row attends across sequences
+PACKED_MASK_TRANSFORMERS = (4, 56)
+
+
+def packing_unsupported(version: str | None = None) -> str | None:
+    """Why `trainer.packing` cannot work with the installed transformers (or `version`), or
+    None. Without transformers here (a Tinker-only setup) there is nothing to refuse yet."""
+    if version is None:
+        try:
+            version = metadata.version("transformers")
+        except metadata.PackageNotFoundError:
+            return None
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is not None and (int(found[1]), int(found[2])) >= PACKED_MASK_TRANSFORMERS:
+        return None
+    return (
+        f"trainer.packing needs transformers >= 4.56, which masks attention across the "
+        f"sequences of a packed row from restarting position_ids; transformers {version} "
+        "would let each sequence attend to the ones before it (wrong logprobs)"
+    )
 
 
 class WarmStartConfig(Section):

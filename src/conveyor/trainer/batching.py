@@ -7,6 +7,9 @@ first (peak memory shows up on the first one, not late in a step). A single sequ
 the budget gets a micro-batch of its own rather than an error: the budget bounds padding waste,
 the model's context bounds length.
 
+Packed (`trainer.packing`), a micro-batch's sequences go end to end in one row, so its cost is
+the sum of their lengths: `plan_packed_micro_batches` fills each one to `max_tokens` real tokens.
+
 Pure Python, no torch: the engine turns a plan into tensors.
 """
 
@@ -22,10 +25,14 @@ class MicroBatch:
 
     indices: tuple[int, ...]
     padded_length: int
+    # set when the sequences are packed into one row: that row's length (the sum of theirs)
+    packed_tokens: int | None = None
 
     @property
     def padded_tokens(self) -> int:
-        """Tokens the forward pass processes, padding included."""
+        """Tokens the forward pass processes, padding included (a packed row has none)."""
+        if self.packed_tokens is not None:
+            return self.packed_tokens
         return len(self.indices) * self.padded_length
 
 
@@ -52,6 +59,36 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[MicroBat
     if current:
         plan.append(MicroBatch(tuple(current), lengths[current[0]]))
     return plan
+
+
+def plan_packed_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[MicroBatch]:
+    """Group sequence indices so each group's total length stays within `max_tokens`.
+
+    First fit, longest first: each sequence joins the first micro-batch it fits in, else opens
+    a new one (a sequence longer than the budget gets its own). Indices inside a micro-batch
+    keep that longest-first order; `padded_length` is the group's longest sequence (the loss's
+    per-sequence layout), `packed_tokens` its total.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    for i, n in enumerate(lengths):
+        if n <= 0:
+            raise ValueError(f"sequence {i} is empty")
+    groups: list[list[int]] = []
+    totals: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for g, total in enumerate(totals):
+            if total + lengths[i] <= max_tokens:
+                groups[g].append(i)
+                totals[g] += lengths[i]
+                break
+        else:
+            groups.append([i])
+            totals.append(lengths[i])
+    return [
+        MicroBatch(tuple(group), lengths[group[0]], packed_tokens=total)
+        for group, total in zip(groups, totals, strict=True)
+    ]
 
 
 def assign_to_ranks(plan: Sequence[MicroBatch], world_size: int) -> list[list[MicroBatch]]:

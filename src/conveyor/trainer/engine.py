@@ -5,8 +5,13 @@
 1. Plan micro-batches by a padded-token budget (`conveyor.trainer.batching`), right-padded.
    Causal attention means a real token never attends to the padding after it, so no attention
    mask is passed and the fast causal kernel runs; outputs at real positions are unchanged.
+   With `packing`, each micro-batch is one row of its sequences end to end (positions
+   restarting per sequence: transformers masks across the boundaries) and the budget counts
+   real tokens; the row's logprobs are scattered back to the padded layout the loss reads.
 2. Per micro-batch: forward, `token_logprobs` (= `losses.sequence_logprobs`, faster),
-   `policy_loss`, backward. Because `step` is
+   `policy_loss`, backward. With `logits_chunk_tokens`, the decoder's final hidden states at
+   the kept positions go through the LM head in chunks under checkpointing
+   (`trainer/chunked.py`) instead of one [positions x vocabulary] logits tensor. Because `step` is
    exactly one optimizer update, the parameters that start the update are the current ones, so
    the "old" logprobs are the detached logprobs of this same forward: equal in value to a
    separate no-grad pass, one forward cheaper. The agreement probe |old - behaviour| is taken
@@ -33,7 +38,7 @@ import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +49,15 @@ from conveyor.config.training import LoraConfig, TrainerConfig
 from conveyor.engines.base import WeightFingerprint, tensor_digest
 from conveyor.trainer import checkpoint
 from conveyor.trainer.backend import StepResult, TrainBatch
-from conveyor.trainer.batching import MicroBatch, assign_to_ranks, plan_micro_batches
+from conveyor.trainer.batching import (
+    MicroBatch,
+    assign_to_ranks,
+    plan_micro_batches,
+    plan_packed_micro_batches,
+)
+from conveyor.trainer.chunked import chunked_token_logprobs
 from conveyor.trainer.fsdp import all_reduce_floats, full_tensor, shard_model, world
+from conveyor.trainer.packing import pack
 from conveyor.trainer.policy_losses import build_loss
 from conveyor.types import TrainingSample
 
@@ -95,12 +107,27 @@ def resolve_device(name: str) -> torch.device:
 
 
 @dataclass(frozen=True)
+class _PackedRow:
+    """A micro-batch's sequences end to end in one row ([1, N] each)."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    loss_mask: Tensor  # the sequences' loss masks, 0 at each sequence's first token
+    scored: Tensor  # 1 everywhere but at each sequence's first token (no logprob there)
+    dest: Tensor  # [N]: each position's flat index in the padded [rows, length] layout
+
+
+@dataclass(frozen=True)
 class _Tensors:
+    """A micro-batch in the padded [rows, length] layout the loss reads; `packed` is the row
+    the model runs on instead when packing."""
+
     input_ids: Tensor
     loss_mask: Tensor
     behaviour: Tensor
     advantages: Tensor
     ref: Tensor | None
+    packed: _PackedRow | None = None
 
 
 @dataclass
@@ -159,12 +186,19 @@ class TorchTrainingEngine:
         elif settings.train_last_layers is not None:
             _freeze_below(model, settings.train_last_layers)
         model.to(self.device)
+        self.model: nn.Module = model
+        self._decoder: nn.Module | None = None
+        self._head: nn.Linear | None = None
+        if settings.logits_chunk_tokens is not None:
+            self._decoder, self._head = _decoder_and_head(model)
+            self._check_chunked_head()
+        if settings.packing:
+            self._check_packing()
         self.rank, self.world_size = world()
         if settings.fsdp:
             shard_model(model, self.device)
         elif self.world_size > 1:
             raise ValueError("torch.distributed is initialised with several ranks: set fsdp: true")
-        self.model: nn.Module = model
         self._params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params,
@@ -210,10 +244,8 @@ class TorchTrainingEngine:
             if advantage != 0.0 or not loss_fn.zero_advantage_is_idle
         ]
         plan = [
-            MicroBatch(tuple(active[j] for j in micro.indices), micro.padded_length)
-            for micro in plan_micro_batches(
-                [lengths[i] for i in active], self.settings.micro_batch_tokens
-            )
+            replace(micro, indices=tuple(active[j] for j in micro.indices))
+            for micro in self._plan([lengths[i] for i in active])
         ]
         mine = self._share_of(plan)
 
@@ -222,7 +254,7 @@ class TorchTrainingEngine:
         totals = _Totals()
         for micro in mine:
             tensors = self._collate(batch, micro)
-            logprobs = self._logprobs(tensors.input_ids, tensors.loss_mask)
+            logprobs = self._micro_logprobs(tensors, train=True)
             old = logprobs.detach()
             loss, metrics = loss_fn(
                 logprobs,
@@ -288,16 +320,15 @@ class TorchTrainingEngine:
         if not samples:
             return []
         batch = TrainBatch(items=[(sample, 0.0) for sample in samples])
-        plan = plan_micro_batches(
-            [len(s.input_ids) for s in samples], self.settings.micro_batch_tokens
-        )
+        plan = self._plan([len(s.input_ids) for s in samples])
         out: list[list[float]] = [[] for _ in samples]
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 for micro in plan:
-                    logprobs = self._logprobs(self._collate(batch, micro).input_ids).cpu()
+                    tensors = self._collate(batch, micro)
+                    logprobs = self._micro_logprobs(tensors, train=False).cpu()
                     for row, i in enumerate(micro.indices):
                         out[i] = logprobs[row, : len(samples[i].input_ids)].tolist()
         finally:
@@ -384,6 +415,10 @@ class TorchTrainingEngine:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _plan(self, lengths: list[int]) -> list[MicroBatch]:
+        planner = plan_packed_micro_batches if self.settings.packing else plan_micro_batches
+        return planner(lengths, self.settings.micro_batch_tokens)
+
     def _share_of(self, plan: list[MicroBatch]) -> list[MicroBatch]:
         if self.world_size == 1:
             return plan
@@ -409,33 +444,82 @@ class TorchTrainingEngine:
             advantages[row] = advantage
             if ref is not None and batch.ref_logprobs is not None:
                 ref[row, :n] = torch.tensor(batch.ref_logprobs[i])
+        packed = None
+        if micro.packed_tokens is not None and micro.indices:
+            packed = self._packed_row(batch, micro, length)
         return _Tensors(
             input_ids=ids.to(self.device),
             loss_mask=mask.to(self.device),
             behaviour=behaviour.to(self.device),
             advantages=advantages.to(self.device),
             ref=None if ref is None else ref.to(self.device),
+            packed=packed,
         )
 
-    def _logprobs(self, input_ids: Tensor, loss_mask: Tensor | None = None) -> Tensor:
+    def _packed_row(self, batch: TrainBatch, micro: MicroBatch, length: int) -> _PackedRow:
+        samples = [batch.items[i][0] for i in micro.indices]
+        row = pack([s.input_ids for s in samples], device=self.device)
+        scored = torch.ones(row.tokens, dtype=torch.long)
+        scored[list(row.starts)] = 0
+        mask = torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.long)
+        dest = torch.cat(
+            [torch.arange(n) + r * length for r, n in enumerate(row.lengths)]
+        )  # sequence r sits in row r of the padded layout, from column 0
+        return _PackedRow(
+            input_ids=row.input_ids,
+            position_ids=row.position_ids,
+            loss_mask=(mask * scored)[None].to(self.device),
+            scored=scored[None].to(self.device),
+            dest=dest.to(self.device),
+        )
+
+    def _micro_logprobs(self, tensors: _Tensors, *, train: bool) -> Tensor:
+        """Logprobs [rows, length] of a collated micro-batch in the padded layout: where some
+        row trains a token (`train`) or at every position. A packed row is run as one
+        sequence and its logprobs scattered back (0.0 at padding, as the padded path has)."""
+        row = tensors.packed
+        if row is None:
+            return self._logprobs(tensors.input_ids, tensors.loss_mask if train else None)
+        lp = self._logprobs(
+            row.input_ids, row.loss_mask if train else row.scored, position_ids=row.position_ids
+        )[0]
+        flat = torch.zeros(tensors.input_ids.numel(), dtype=lp.dtype, device=lp.device)
+        return flat.index_copy(0, row.dest, lp).view(tensors.input_ids.shape)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def _logprobs(
+        self,
+        input_ids: Tensor,
+        loss_mask: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
         """Per-token logprobs [B, T] (position 0 is 0.0).
 
         With `loss_mask`, the LM head and log-softmax run only where some row trains a token
         (the other positions hold 0.0 and carry no gradient): the full-vocabulary logits are
         the largest activation of a small model and ~20% of its FLOPs, while only the
-        completions (~20-40% of a multi-turn sequence) carry loss.
+        completions (~20-40% of a multi-turn sequence) carry loss. `position_ids` (a packed
+        row's) go to the model as they are.
         """
-        autocast = (
-            torch.autocast(self.device.type, dtype=self._autocast_dtype)
-            if self._autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
         targets = None if loss_mask is None else loss_mask[:, 1:].any(dim=0).nonzero().flatten() + 1
+        if self.settings.logits_chunk_tokens is not None:
+            with self._autocast():
+                return self._chunked_logprobs(input_ids, targets, position_ids)
         # logits_to_keep=0 keeps every position; 1 keeps one, for a micro-batch where nothing
         # trains (an all-masked sample, or FSDP's empty filler micro-batch)
         keep: int | Tensor = 0 if targets is None else (targets - 1 if targets.numel() else 1)
-        with autocast:
-            logits = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits
+        with self._autocast():
+            logits = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                use_cache=False,
+                logits_to_keep=keep,
+            ).logits
         temperature = self.temperature
         if targets is None:
             return token_logprobs(logits, input_ids, temperature=temperature)
@@ -443,6 +527,88 @@ class TorchTrainingEngine:
             # zeros that stay on the graph, so the backward every rank runs is well-formed
             return torch.zeros(input_ids.shape, device=logits.device) + 0.0 * logits.float().sum()
         return kept_token_logprobs(logits, input_ids, targets, temperature=temperature)
+
+    def _chunked_logprobs(
+        self, input_ids: Tensor, targets: Tensor | None, position_ids: Tensor | None
+    ) -> Tensor:
+        """`_logprobs` with the LM head in chunks of `logits_chunk_tokens` kept positions.
+
+        The whole model runs (so FSDP's root unit gathers the head and embeddings, and its
+        backward hooks fire) with one logit position kept per row; a forward hook takes the
+        decoder's final hidden states, whose kept positions then go through the head's weight
+        by `chunked_token_logprobs` (temperature included). Under FSDP2 the root's parameters
+        stay gathered after its forward, so the weight read here is the full one.
+        """
+        assert self._decoder is not None and self._head is not None
+        if targets is None:
+            targets = torch.arange(1, input_ids.shape[1], device=input_ids.device)
+        captured: list[Tensor] = []
+
+        def keep_hidden(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            captured.append(output[0])  # BaseModelOutputWithPast.last_hidden_state (or tuple)
+
+        handle = self._decoder.register_forward_hook(keep_hidden)
+        try:
+            out = self.model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=1
+            )
+        finally:
+            handle.remove()
+        if targets.numel() == 0:
+            return torch.zeros(input_ids.shape, device=out.logits.device) + 0.0 * out.logits.sum()
+        (hidden,) = captured
+        weight = self._head.weight
+        if _is_dtensor(weight):
+            raise RuntimeError(
+                "trainer.logits_chunk_tokens: the LM head's weight is still sharded after the "
+                "model's forward (FSDP resharded its root unit); set logits_chunk_tokens: null"
+            )
+        rows, kept = input_ids.shape[0], targets.numel()
+        logprobs, _ = chunked_token_logprobs(
+            hidden[:, targets - 1].reshape(rows * kept, -1),
+            weight,
+            input_ids[:, targets].reshape(-1),
+            chunk_tokens=self.settings.logits_chunk_tokens or kept,
+            temperature=self.temperature,
+        )
+        full = torch.zeros(input_ids.shape, dtype=logprobs.dtype, device=logprobs.device)
+        return full.index_copy(1, targets, logprobs.view(rows, kept))
+
+    def _check_chunked_head(self) -> None:
+        """Refuse a model whose logits are not `hidden @ lm_head.weight.T` (a bias, logit
+        scaling or softcapping): chunked logprobs of a probe sequence must equal its own."""
+        ids = _probe_ids(self.model, (3, 7), 9)[None].to(self.device)
+        with _evaluating(self.model), torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            expected = token_logprobs(logits, ids, temperature=self.temperature)
+            got = self._chunked_logprobs(ids, None, None)
+        diff = float((got - expected).abs().max())
+        if not diff <= 1e-3:
+            raise ValueError(
+                f"trainer.logits_chunk_tokens: {type(self.model).__name__}'s logits are not "
+                f"its final hidden states times the LM head's weight (chunked logprobs differ "
+                f"from its own by {diff:.2e} on a probe); set logits_chunk_tokens: null"
+            )
+
+    def _check_packing(self) -> None:
+        """Refuse a model that lets a packed row's sequences see each other: the logprobs of a
+        probe sequence packed after another must equal those of it alone."""
+        first, second = _probe_ids(self.model, (3, 7), 7), _probe_ids(self.model, (5, 11), 6)
+        row = pack([first.tolist(), second.tolist()], device=self.device)
+        alone = second[None].to(self.device)
+        with _evaluating(self.model), torch.no_grad():
+            packed = self.model(
+                input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False
+            ).logits[:, first.numel() :]
+            expected = self.model(input_ids=alone, use_cache=False).logits
+        diff = float((packed.log_softmax(-1) - expected.log_softmax(-1)).abs().max())
+        if not diff <= 1e-3:
+            attention = getattr(self.model.config, "_attn_implementation", "?")
+            raise ValueError(
+                f"trainer.packing: {type(self.model).__name__} (attention {attention!r}) lets "
+                f"the sequences of a packed row attend to each other (a sequence's logprobs "
+                f"packed after another differ from its own by {diff:.2e}); set packing: false"
+            )
 
     def _clip_gradients(self) -> float:
         max_norm = self.settings.max_grad_norm
@@ -506,6 +672,54 @@ def _nll(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
     )
     return nll.view(targets.shape)
+
+
+def _is_dtensor(tensor: Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _probe_ids(model: nn.Module, step: tuple[int, int], n: int) -> Tensor:
+    """`n` deterministic token ids spread over the vocabulary (no RNG drawn)."""
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab <= 0:
+        raise ValueError(f"{type(model).__name__} has no config.vocab_size")
+    a, b = step
+    return torch.tensor([(a + b * 1009 * k) % vocab for k in range(n)], dtype=torch.long)
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    """The decoder (whose output is the final hidden states) and the LM head of a HF causal
+    LM, through a peft wrapper; refuses a head that is not a plain bias-free Linear (LoRA on
+    `lm_head`: its adapter would be left out)."""
+    get_decoder: Any = getattr(model, "get_decoder", None)
+    get_head: Any = getattr(model, "get_output_embeddings", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    head = get_head() if callable(get_head) else None
+    if not isinstance(decoder, nn.Module) or head is None:
+        raise ValueError(
+            f"trainer.logits_chunk_tokens needs a causal LM with get_decoder() and "
+            f"get_output_embeddings(); {type(model).__name__} has not both"
+        )
+    if type(head) is not nn.Linear or head.bias is not None:
+        raise ValueError(
+            f"trainer.logits_chunk_tokens needs the LM head to be a plain bias-free Linear; "
+            f"{type(model).__name__}'s is {type(head).__name__}"
+            + (" with a bias" if getattr(head, "bias", None) is not None else "")
+            + " (LoRA on lm_head is not supported with chunked logits)"
+        )
+    return decoder, head
 
 
 def _micro_weight(reduction: str, micro: MicroBatch, counts: Sequence[int]) -> float:
