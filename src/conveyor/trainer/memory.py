@@ -28,7 +28,7 @@ What is counted (docs/scale.md, "Memory plan"):
 The four fitted constants come from the H200 measurements of the GPU check (a random
 Qwen3-1.7B shape, bf16 parameters and AdamW, checkpointing, 8k-64k tokens, packed and padded,
 sdpa and flex attention, 4,096-token logit chunks or none; docs/data/gpu-check-h200-*.json):
-every one of the twelve measured peaks is predicted within 6% (tests/trainer/test_memory.py
+every one of the twelve measured peaks is predicted within 6% (tests/trainer/test_memory_model.py
 holds them to 20%). The summed components are an upper bound of a peak that is really a
 maximum over the step's phases. The float32-with-autocast case (the built-in trainer),
 measured afterwards on the same card at 8k-16k tokens, is over-predicted by 9-19%; on CPU the
