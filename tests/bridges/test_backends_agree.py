@@ -56,10 +56,13 @@ def test_in_process_vllm_a_vllm_server_and_the_sdk_agent_through_the_gateway_agr
     model_dir: Path, tmp_path: Path
 ) -> None:
     del model_dir  # prepared by the fixture: the warm start below starts from it
-    # 4 warm-start steps of 4 oracle traces: measured 2-3 turns per rollout after them.
+    # 4 warm-start steps of 4 oracle traces: measured 2-3 turns per rollout after them. A warm
+    # start alone samples nothing, so it starts no engine: here its engine is a server that
+    # does not exist (port 9, nothing listens), which any start or check would fail on.
     warm = tmp_path / "warm"
     sft = ("rl.warm_start.steps=4", "rl.warm_start.tasks=16", "rl.warm_start.batch_size=4")
-    _conveyor("sft", warm, "rl.eval.tasks=0", *sft, "rl.export_final=false")
+    nowhere = ("engine.kind=openai", "engine.base_url=http://127.0.0.1:9/v1")
+    _conveyor("sft", warm, "rl.eval.tasks=0", *sft, *nowhere, "rl.export_final=false")
     model = warm / "sft_model"
     in_process, server, gateway = tmp_path / "vllm", tmp_path / "server", tmp_path / "gateway"
     _eval(in_process, model)

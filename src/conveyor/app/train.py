@@ -38,6 +38,7 @@ from conveyor.config import (
     config_to_yaml,
 )
 from conveyor.dispatch.stages import RolloutStages
+from conveyor.engines.base import SamplingClient
 from conveyor.registry import BACKENDS
 from conveyor.trainer.loop import RLLoop, StepRecord
 from conveyor.trainer.policy_losses import without_off_policy_weights
@@ -349,6 +350,13 @@ class TrainingPlan:
         rl = self.config.rl
         return bool(rl.steps or rl.warm_start.steps)
 
+    @property
+    def samples(self) -> bool:
+        """Whether the run samples from the engine (RL steps or a held-out evaluation). A warm
+        start alone trains on oracle traces: it starts no engine (a vLLM start it never used
+        was ~20 s of every `conveyor sft ... rl.eval.tasks=0`)."""
+        return bool(self.config.rl.steps or self.eval_tasks or self.before_tasks)
+
 
 def check_plan(resolved: ResolvedConfig, resume: Path | None = None) -> TrainingPlan:
     """The run's plan, or the refusal of a config that cannot train, before any part starts."""
@@ -404,6 +412,7 @@ class Run:
     parts: Composition
     dir: Path
     say: Say
+    engine: SamplingClient  # the run's engine, or `NoEngine` when it samples nothing
     train_tasks: list[Task]
     eval_tasks: list[Task]
     before_tasks: list[Task]
@@ -415,7 +424,7 @@ class Run:
 async def open_run(plan: TrainingPlan, say: Say) -> Run:
     """Start the parts and refuse what only they can say (`check_parts`, too few training
     tasks); then, last, create the run folder (or take the resumed one)."""
-    from conveyor.engines.base import WeightFolder
+    from conveyor.engines.base import NoEngine, WeightFolder
 
     config = plan.config
     started = time.monotonic()
@@ -423,6 +432,7 @@ async def open_run(plan: TrainingPlan, say: Say) -> Run:
     try:
         await check_parts(plan, parts)
         engine_start_s = time.monotonic() - started
+        engine: SamplingClient = parts.engine if plan.samples else NoEngine()
         train_tasks = parts.tasks(config.tasks.num_tasks, "train")
         if config.rl.steps and config.rl.tasks_per_step > len(train_tasks):
             raise ConfigError(
@@ -436,14 +446,14 @@ async def open_run(plan: TrainingPlan, say: Say) -> Run:
         else:
             run_dir = make_run_dir(config, "train")
             (run_dir / "config.yaml").write_text(config_to_yaml(config))
-        if isinstance(client := parts.engine, WeightFolder):
-            client.use_weights_dir(run_dir / "weights")
+        if isinstance(engine, WeightFolder):
+            engine.use_weights_dir(run_dir / "weights")
         eval_sampling = SamplingConfig(
             temperature=config.rl.eval.temperature,
             top_p=1.0,
             sampling_seed=config.sampling.sampling_seed,
         )
-        eval_stages = parts.stages(eval_sampling)
+        eval_stages = parts.stages(eval_sampling, engine=engine)
     except BaseException:
         await parts.close()
         raise
@@ -452,12 +462,14 @@ async def open_run(plan: TrainingPlan, say: Say) -> Run:
         parts=parts,
         dir=run_dir,
         say=say,
+        engine=engine,
         train_tasks=train_tasks,
         eval_tasks=eval_tasks,
         before_tasks=before_tasks,
         eval_stages=eval_stages,
         started=started,
-        timings={"engine_start_s": engine_start_s},
+        # without an engine (a warm start alone) that second is the tokenizer's and the trainer's
+        timings={"engine_start_s" if plan.samples else "start_s": engine_start_s},
     )
 
 
@@ -469,6 +481,9 @@ async def check_parts(plan: TrainingPlan, parts: Composition) -> None:
 
     # A cluster that cannot host the run says so before the engine takes its minute.
     parts.start_cluster()
+    if not plan.samples:  # nothing to sync into or sample from: no engine to check
+        _ = parts.tokenizer
+        return
     client = parts.engine
     refusal = parts.backend_spec.refusal(plan.config, client) if plan.training else None
     if refusal is not None:
@@ -519,7 +534,7 @@ async def resume_phase(run: Run, start_dir: Path) -> RLLoop:
     from conveyor.trainer.weight_sync import checked_sync, probe_ids
 
     config, parts, resume = run.plan.config, run.parts, run.plan.resume
-    client = parts.engine
+    client = run.engine
     backend = parts.trainer(start_dir)
     # Every sync, the first one after a warm start or resume included, is checked by the
     # weight fingerprint: a sync that did not take stops the run (WeightSyncError).
@@ -530,12 +545,12 @@ async def resume_phase(run: Run, start_dir: Path) -> RLLoop:
             probe_ids(parts.tokenizer),
             tolerance=config.engine.weight_probe_tolerance,
         )
-        if run.plan.training
+        if run.plan.training and run.plan.samples
         else _no_weight_sync
     )
     loop = RLLoop(
         config,
-        parts.stages(),
+        parts.stages(engine=client),
         backend,
         sync,
         run.train_tasks,
@@ -555,7 +570,7 @@ async def resume_phase(run: Run, start_dir: Path) -> RLLoop:
             f"resumed from {origin}: step {loop.step}, cursor {loop.stream.cursor}; "
             f"{resumed.describe()}"
         )
-    if checkpoint is not None or start_dir != parts.model_dir:
+    if run.plan.samples and (checkpoint is not None or start_dir != parts.model_dir):
         # The engine serves the checkpoint's (or warm start's) weights before any rollout.
         await sync(0)
     return loop
@@ -621,7 +636,7 @@ def write_summary(run: Run, records: Sequence[StepRecord], share: dict[str, Any]
         summary["rl_share"] = share
     # sandbox starts: how many, how long the start limits held them, warm pool hits
     summary["runtime_starts"] = run.parts.runtime_starts.report()
-    client = run.parts.engine
+    client = run.engine
     if isinstance(client, RequestCounters):
         summary["engine_requests"] = client.request_counters()
     if isinstance(client, RoutedEngine):

@@ -74,6 +74,26 @@ class SamplingClient(Protocol):
         ...
 
 
+class NoEngine:
+    """The engine of a run that samples nothing (a warm start alone: `conveyor sft` with
+    `rl.eval.tasks=0`, which trains on oracle traces): nothing is started, and a request is a
+    bug that says so."""
+
+    async def sample(self, request: SampleRequest) -> SampleResult:
+        raise RuntimeError("this run samples nothing: it started no engine")
+
+    @property
+    def in_flight(self) -> int:
+        return 0
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+
 class WeightFingerprint(BaseModel):
     """What weights a model holds, in a form both sides of a weight sync can compute.
 
