@@ -16,7 +16,16 @@ MYPY_PID=$!
 # bridge check then runs SkyRL's validation from the pinned wheel on 3.11).
 bash scripts/venv-skyrl.sh || [ $? -eq 3 ]
 # VeRL pins transformers < 5.11 and tensordict <= 0.10: its own lean venv for the bridge check.
-bash scripts/venv-verl.sh
+# It builds (~2.5 minutes on two cores: a second torch wheel unpacked) beside the tests instead of
+# before them; the VeRL tests wait for it (tests/bridges/verl/conftest.py reads the status file
+# below) and its exit status is checked at the end, tests run or not.
+VERL_LOG=$(mktemp)
+export CONVEYOR_VERL_BUILD_LOG=$VERL_LOG
+export CONVEYOR_VERL_BUILD_DONE=$VERL_LOG.status
+(status=0; bash scripts/venv-verl.sh > "$VERL_LOG" 2>&1 || status=$?
+ echo "$status" > "$CONVEYOR_VERL_BUILD_DONE.tmp" && mv "$CONVEYOR_VERL_BUILD_DONE.tmp" \
+   "$CONVEYOR_VERL_BUILD_DONE") &
+VERL_PID=$!
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check src tests
 .venv/bin/ruff format --check src tests
@@ -29,6 +38,14 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 tests_status=0
 .venv/bin/python -m pytest -q --durations=30 -n "${PYTEST_WORKERS:-2}" --dist loadgroup \
   --max-worker-restart 100 "$@" || tests_status=$?
+wait "$VERL_PID" || true
+verl_status=$(cat "$CONVEYOR_VERL_BUILD_DONE" 2>/dev/null || echo "no status")
+if [ "$verl_status" != 0 ]; then
+  cat "$VERL_LOG" >&2
+  echo "scripts/venv-verl.sh failed (exit $verl_status)" >&2
+  exit 1
+fi
+rm -f "$VERL_LOG" "$CONVEYOR_VERL_BUILD_DONE"
 mypy_status=0
 wait "$MYPY_PID" || mypy_status=$?
 cat "$MYPY_LOG"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +40,32 @@ def verl_config() -> ConveyorConfig:
     return bridge_config()
 
 
+# scripts/test.sh builds the VeRL venv beside the tests: these name the file its build writes its
+# exit status to when it ends, and its log.
+BUILD_DONE = "CONVEYOR_VERL_BUILD_DONE"
+BUILD_LOG = "CONVEYOR_VERL_BUILD_LOG"
+BUILD_WAIT_S = 1200
+
+
+def wait_for_the_venv_build() -> None:
+    """Wait for scripts/test.sh's build of the venv, if one is under way, and fail if it did."""
+    done = os.environ.get(BUILD_DONE)
+    if not done:
+        return
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while not Path(done).is_file():
+        if time.monotonic() > deadline:
+            pytest.fail(f"scripts/venv-verl.sh did not end within {BUILD_WAIT_S} s")
+        time.sleep(1)
+    status = Path(done).read_text().strip()
+    if status != "0":
+        pytest.fail(f"scripts/venv-verl.sh failed (exit {status}): {os.environ.get(BUILD_LOG)}")
+
+
 @pytest.fixture(scope="session")
 def verl_python() -> Path:
     """The VeRL venv's interpreter; scripts/test.sh builds the venv, so its absence fails."""
+    wait_for_the_venv_build()
     python = venv_python()
     if python is None:
         pytest.fail(f"no .venv-verl: {BUILD_HINT}")
