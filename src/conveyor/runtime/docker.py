@@ -268,7 +268,12 @@ class DockerRuntime:
     ) -> ExecResult:
         """Run the engine's client (with its environment: podman's containers.conf)."""
         return await run_limited(
-            argv, timeout_s=timeout_s, output_bytes=output_bytes, env=self.engine.env, stdin=stdin
+            argv,
+            timeout_s=timeout_s,
+            output_bytes=output_bytes,
+            cwd=self.engine.cwd,
+            env=self.engine.env,
+            stdin=stdin,
         )
 
     async def _script(self, script: str, path: str, stdin: bytes | None = None) -> ExecResult:

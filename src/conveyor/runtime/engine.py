@@ -65,6 +65,14 @@ class Engine:
     client: str
     env: Mapping[str, str] | None = field(default=None, compare=False)
 
+    @property
+    def cwd(self) -> Path:
+        """Where the client runs: podman's conmon, a child of it, writes a file named `oom`
+        into its working folder when a container's process is OOM-killed."""
+        path = cache_dir() / "containers" / "cwd"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def argv(self, *args: str) -> list[str]:
         """The client's argv for `args`."""
         return [self.client, *args]
@@ -79,6 +87,7 @@ class Engine:
                 timeout=timeout_s,
                 check=False,
                 env=dict(self.env) if self.env is not None else None,
+                cwd=self.cwd,
             )
         except subprocess.TimeoutExpired as exc:
             raise OSError(
