@@ -18,7 +18,6 @@ import pytest
 from conveyor.agent.tools import ToolContext, ToolOutcome
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.bubblewrap import bubblewrap_available
-from conveyor.runtime.engine import engine_available, resolve_engine
 from conveyor.tasks.family import FamilyServices, split_of
 from conveyor.tasks.terminal import TerminalFamily, generated_dir, shipped_dir
 from conveyor.tasks.terminal.chores import (
@@ -195,14 +194,12 @@ def test_broken_folders_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_a_folder_needing_docker_without_an_engine_is_an_early_clear_error() -> None:
-    if engine_available(resolve_engine())[0]:
-        pytest.skip("a container engine answers here")
     with pytest.raises(
         ValueError,
         match=r"apt-task cannot run here: it needs docker \(the "
         r"Dockerfile has a RUN instruction\).*on_unrunnable: skip",
     ):
-        family(dirs=[str(FIXTURES / "needs-docker")], shipped=False)
+        family(dirs=[str(FIXTURES / "needs-docker")], shipped=False, docker="/nonexistent/docker")
 
 
 def test_a_folder_needing_docker_can_be_skipped_and_is_counted() -> None:
