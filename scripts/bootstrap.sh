@@ -34,6 +34,25 @@ if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [
     || echo "warning: could not install bubblewrap (needed only by sandboxed runtimes)" >&2
 fi
 
+# podman + runc run the container runtime (runtime.kind: docker, runtime.engine: auto|podman)
+# and the tests that start real containers; mmdebstrap makes the base image's root filesystem
+# from Debian packages (no image registry is needed). catatonit is podman's `--init`.
+# Without root or apt they are skipped: the container tests then skip, saying why.
+if ! command -v podman >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+        podman runc catatonit mmdebstrap) >/dev/null 2>&1 \
+      || echo "warning: could not install podman (needed only by container runtimes)" >&2
+  else
+    echo "note: podman not installed (needs root and apt): container runtimes and their tests skip" >&2
+  fi
+fi
+# Conveyor's own containers.conf for podman (cgroupfs, no default ulimits, runc), read only by
+# Conveyor's podman calls through CONTAINERS_CONF: the user's configuration stays untouched.
+if command -v podman >/dev/null 2>&1; then
+  "$VENV/bin/python" -c 'from conveyor.runtime.engine import podman_conf; podman_conf()'
+fi
+
 # The viewer's browser tests drive Debian's headless Chromium through playwright (from the `view`
 # extra, in `dev`); playwright's own browser download brings no browser that runs here.
 if ! command -v chromium-headless-shell >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \

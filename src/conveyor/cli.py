@@ -33,6 +33,8 @@ app.add_typer(tasks_app, name="tasks")
 dev_app = typer.Typer(help="Developer tools that read conveyor's own source.", no_args_is_help=True)
 app.add_typer(dev_app, name="dev")
 app.add_typer(bridge_app, name="bridge")
+images_app = typer.Typer(help="Container images built on this machine.", no_args_is_help=True)
+app.add_typer(images_app, name="images")
 register_gateway(app, compose=Composition)
 
 SetOption = Annotated[
@@ -393,6 +395,42 @@ def view_command(
         typer.echo(json.dumps(result.as_dict()))
     else:
         typer.echo(f"{result.trajectories} trajectories, {result.tokens} tokens -> {result.html}")
+
+
+@images_app.command("base")
+def images_base(
+    engine: Annotated[
+        str, typer.Option(help="The OCI engine: auto (podman where it answers), podman, docker.")
+    ] = "auto",
+    force: Annotated[bool, typer.Option(help="Build again even if the tag exists.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Last line: {"tag", "built", "seconds", "size_bytes"}.')
+    ] = False,
+) -> None:
+    """Build the base image (Debian minimal + python3, from Debian packages, no registry) once;
+    its tag is a hash of its recipe, so later calls find it. Prints its tag last."""
+    from dataclasses import asdict
+
+    from conveyor.runtime.engine import engine_available, resolve_engine
+    from conveyor.runtime.images import ImageBuildError, ensure_base_image
+
+    try:
+        oci = resolve_engine(engine)
+    except ValueError as exc:
+        _fail(str(exc))
+    ok, why = engine_available(oci)
+    if not ok:
+        _fail(f"{oci.name} is not usable here: {why}")
+    try:
+        image = ensure_base_image(oci, force=force, say=typer.echo)
+    except ImageBuildError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(asdict(image)))
+    else:
+        size = f"{image.size_bytes / 2**20:.0f} MiB" if image.size_bytes else "size unknown"
+        how = f"built in {image.seconds:.1f} s" if image.built else "already built"
+        typer.echo(f"{image.tag} ({how}, {size})")
 
 
 @dev_app.command("graph")

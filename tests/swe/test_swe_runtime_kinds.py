@@ -16,10 +16,10 @@ from tiny_project import tiny_row
 
 from conveyor.agent.tools import ToolContext
 from conveyor.config import RuntimeConfig
-from conveyor.runtime import docker as docker_module
 from conveyor.runtime import local as local_module
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
-from conveyor.runtime.docker import DockerRuntime
+from conveyor.runtime.docker import KEEPER, DockerRuntime
+from conveyor.runtime.engine import engine_available
 from conveyor.runtime.local import LocalRuntime
 from conveyor.tasks.family import get_family
 from conveyor.tasks.swe import family as family_module
@@ -149,8 +149,8 @@ def test_swe_rollout_runs_in_docker_when_runtime_kind_is_docker__fake_docker_cli
     log = tmp_path / "docker.log"
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_DOCKER_LOG", str(log))
-    docker_module.docker_available.cache_clear()  # an earlier answer came from another PATH
-    family = _swe("docker", docker_image="python:3.11-slim")
+    engine_available.cache_clear()  # an earlier answer came from another PATH
+    family = _swe("docker", docker_image="python:3.11-slim", engine="docker")
     task = family.task(tiny_row())
 
     async def rollout() -> tuple[object, str, Path, int]:
@@ -165,12 +165,12 @@ def test_swe_rollout_runs_in_docker_when_runtime_kind_is_docker__fake_docker_cli
     try:
         inner, out, workspace, owner = asyncio.run(rollout())
     finally:
-        docker_module.docker_available.cache_clear()
+        engine_available.cache_clear()
     assert isinstance(inner, DockerRuntime)
     assert out == "hello from the container\n"
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     run = next(c for c in calls if c[0] == "run")
-    assert run[-3:] == ["python:3.11-slim", "sleep", "infinity"]
+    assert run[-4:] == ["python:3.11-slim", "sh", "-c", KEEPER]
     assert run[run.index("--network") + 1] == "none"
     mounts = [run[i + 1] for i, arg in enumerate(run) if arg == "--mount"]
     assert f"type=bind,source={workspace.resolve()},target=/workspace" in mounts

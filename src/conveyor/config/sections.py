@@ -433,6 +433,13 @@ class RuntimeConfig(Section):
         description="Image of the docker runtime's containers (needed when kind is 'docker'); "
         "the task's workspace is mounted at /workspace in it.",
     )
+    engine: Literal["auto", "podman", "docker"] = Field(
+        default="auto",
+        description="The OCI engine of container runtimes (kind 'docker' and families' task "
+        "images): 'podman' or 'docker' (both through their command-line client), or 'auto': "
+        "podman where it answers, else docker. Podman reads Conveyor's own containers.conf "
+        "(see docs/sandbox.md) unless CONTAINERS_CONF is set.",
+    )
     workspace_size_bytes: int | None = Field(
         default=None,
         gt=0,

@@ -1,18 +1,22 @@
-"""The docker runtime: one container per rollout, driven through the `docker` CLI.
+"""The docker runtime: one container per rollout, on podman or docker through their CLI.
 
-For users with a docker engine and images such as SWE-bench's (the repository at `/testbed`
-inside the image). `container_spec` builds the `docker run` argv: no network, memory = swap
-limit, CPU share, pids limit, rlimits, no capabilities, no new privileges, an optional host
-workspace bind-mounted at the working folder. Commands run with `docker exec` under GNU
-`timeout` (which kills the command's whole process group inside the container); file operations
-run small shell scripts in the container that resolve the path with `realpath` and refuse any
-path outside the working folder.
+For users with an OCI engine and images such as SWE-bench's (the repository at `/testbed`
+inside the image). `runtime.engine` picks the engine (`conveyor.runtime.engine`: podman where it
+answers, else docker; both clients take the same arguments). `container_spec` builds the
+`run` argv: no network, memory = swap limit, CPU share, pids limit, rlimits, no capabilities,
+no new privileges, an optional host workspace bind-mounted at the working folder, and labels
+naming this host and process, so that the next start sweeps what a killed run left behind.
+Commands run with `exec` under GNU `timeout` (which kills the command's whole process group
+inside the container) and carry a marker variable, so that on a timeout whatever left the group
+(`setsid`, double forks) is found in the container's `/proc` and killed too. File operations run
+small shell scripts in the container that resolve the path with `realpath` and refuse any path
+outside the working folder. `close` removes the container with its anonymous volumes.
 """
 
 from __future__ import annotations
 
-import functools
-import subprocess
+import asyncio
+import resource
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,6 +25,15 @@ from pathlib import Path
 from conveyor.config import RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, RuntimeFailure
+from conveyor.runtime.engine import (
+    SANDBOX_LABEL,
+    Engine,
+    engine_available,
+    engine_of,
+    owner_labels,
+    resolve_engine,
+    sweep_once,
+)
 from conveyor.runtime.limits import SandboxLimits, run_limited
 from conveyor.runtime.selection import RuntimeRequest
 
@@ -38,6 +51,40 @@ _WRITE = (
 )
 _LIST = _RESOLVE + '[ -e "$p" ] || exit 66; [ -d "$p" ] || exit 64; ls -1Ap -- "$p"'
 _CLIENT_GRACE_S = 10.0
+_EXEC_MARKER = "CONVEYOR_EXEC"
+# One command: $1 the time limit, $2 its marker variable, $3 the command. GNU `timeout` kills
+# the command's process group at the limit; then every process carrying the marker (what left
+# the group: `setsid`, double forks, a background fork bomb) is killed, in rounds until none is
+# left, with bash builtins only (no fork: a bomb may hold every pid the limit allows).
+_RUN = (
+    'timeout -s KILL "$1" env "$2" bash -c "$3"; rc=$?; i=0\n'
+    "while [ $i -lt 50 ]; do i=$((i + 1)); found=0\n"
+    "  for d in /proc/[0-9]*; do\n"
+    "    while IFS= read -r -d '' v; do\n"
+    '      if [ "$v" = "$2" ]; then kill -9 "${d#/proc/}"; found=1; break; fi\n'
+    '    done 2>/dev/null < "$d/environ"\n'
+    "  done\n"
+    '  [ "$found" = 0 ] && break\n'
+    "done\n"
+    'exit "$rc"\n'
+)
+
+
+# The container's main process, its PID 1: it idles, restarts its sleep when a command kills
+# it (`kill -9 -1`, as the terminal verifier does: PID 1 itself cannot be killed from inside),
+# and its `wait` reaps the orphans every command leaves (their zombies would hold pids).
+KEEPER = "while :; do sleep 86400 & wait; done"
+
+
+def host_nproc() -> int:
+    """The most processes a container may ask for here: this process's hard RLIMIT_NPROC, at
+    most the kernel's pid_max."""
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 32768
+    return pid_max if hard == resource.RLIM_INFINITY else min(hard, pid_max)
 
 
 def container_spec(
@@ -53,23 +100,37 @@ def container_spec(
     cpus: float = 1.0,
     env: Mapping[str, str] | None = None,
     docker: str = "docker",
+    labels: Mapping[str, str] | None = None,
+    tmpfs: Sequence[str] = (),
 ) -> list[str]:
-    """The `docker run -d ...` argv of a rollout's container (it idles until `docker rm -f`).
+    """The `docker run -d ...` argv of a rollout's container (`KEEPER` idles until `rm -f`).
 
     `workspace`, if given, is mounted read-write at `workdir` (else the image's own copy is
     used); `env_dir` and `extra_ro_binds` are mounted read-only at their own paths. `user` is
-    `uid[:gid]` or a name known to the image; `None` keeps the image's user.
+    `uid[:gid]` or a name known to the image; `None` keeps the image's user. `labels` are added
+    to `conveyor.sandbox=1`; `tmpfs` are more folders that start empty, like `/tmp`, each of
+    `limits.tmp_bytes` (programs may run from them: `exec`, which engines leave out by default).
     """
-    argv = [docker, "run", "-d", "--name", name, "--label", "conveyor.sandbox=1"]
-    argv += ["--network", "none", "--workdir", workdir, "--init"]
+    argv = [docker, "run", "-d", "--name", name, "--label", f"{SANDBOX_LABEL}=1"]
+    for key, value in sorted((labels or {}).items()):
+        if key != SANDBOX_LABEL:
+            argv += ["--label", f"{key}={value}"]
+    # --stop-timeout 0: `rm -f` kills at once (the keeper, PID 1, ignores SIGTERM).
+    argv += ["--network", "none", "--workdir", workdir, "--stop-timeout", "0"]
     argv += ["--memory", str(limits.memory_bytes), "--memory-swap", str(limits.memory_bytes)]
     argv += ["--cpus", f"{cpus:g}", "--pids-limit", str(limits.max_processes)]
     argv += ["--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}"]
     argv += ["--ulimit", f"fsize={limits.file_size_bytes}:{limits.file_size_bytes}"]
     argv += ["--ulimit", f"nofile={limits.open_files}:{limits.open_files}"]
     argv += ["--ulimit", "core=0:0"]
+    # Not a sandbox limit (the pids cgroup is): podman sets RLIMIT_NPROC to 1048576 whenever
+    # any --ulimit is given, which a root without CAP_SYS_RESOURCE cannot (runc: "error setting
+    # rlimit type 6"); so ask for what this host allows.
+    nproc = host_nproc()
+    argv += ["--ulimit", f"nproc={nproc}:{nproc}"]
     argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-    argv += ["--tmpfs", f"/tmp:rw,size={limits.tmp_bytes}"]
+    for empty in ["/tmp", *tmpfs]:
+        argv += ["--tmpfs", f"{empty}:rw,exec,size={limits.tmp_bytes}"]
     if user is not None:
         argv += ["--user", user]
     if workspace is not None:
@@ -79,32 +140,17 @@ def container_spec(
         argv += ["--mount", f"type=bind,source={source},target={source},readonly"]
     for key, value in sorted((env or {}).items()):
         argv += ["--env", f"{key}={value}"]
-    return [*argv, image, "sleep", "infinity"]
+    return [*argv, image, "sh", "-c", KEEPER]
 
 
-@functools.cache
 def docker_available(docker: str = "docker") -> tuple[bool, str]:
-    """Whether a docker engine answers (`docker info`), and why not."""
-    try:
-        done = subprocess.run(
-            [docker, "info", "--format", "{{.ServerVersion}}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except FileNotFoundError:
-        return False, f"no `{docker}` client on PATH"
-    except subprocess.TimeoutExpired:
-        return False, "`docker info` did not answer within 20 s"
-    if done.returncode != 0:
-        reason = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        return False, f"`docker info` failed: {reason[-1] if reason else done.returncode}"
-    return True, f"docker engine {done.stdout.strip()}"
+    """Whether the engine behind the client `docker` answers (`info`), and why not."""
+    return engine_available(engine_of(docker))
 
 
 class DockerRuntime:
-    """A `Runtime` in a docker container made from `image`; see `container_spec` for the knobs."""
+    """A `Runtime` in a container made from `image` on the engine `docker` (a client name or
+    path, or an `Engine`); see `container_spec` for the knobs."""
 
     def __init__(
         self,
@@ -118,12 +164,14 @@ class DockerRuntime:
         user: str | None = None,
         cpus: float = 1.0,
         env: Mapping[str, str] | None = None,
-        docker: str = "docker",
+        docker: str | Engine = "docker",
+        tmpfs: Sequence[str] = (),
     ):
         self.image = image
         self.limits = limits if limits is not None else SandboxLimits()
         self.root = workdir
-        self.docker = docker
+        self.engine = docker if isinstance(docker, Engine) else engine_of(docker)
+        self.docker = self.engine.client
         self.name = f"conveyor-{uuid.uuid4().hex[:12]}"
         self.spec = container_spec(
             image,
@@ -136,30 +184,40 @@ class DockerRuntime:
             user=user,
             cpus=cpus,
             env=env,
-            docker=docker,
+            docker=self.docker,
+            labels=owner_labels(),
+            tmpfs=tmpfs,
         )
         self._started = False
         self._closed = False
+        self._execs = 0
 
     async def start(self) -> None:
-        """Check the engine and start the container; `RuntimeFailure` with docker's reason."""
+        """Check the engine, sweep what killed runs left (once per process), start the
+        container; `RuntimeFailure` with the engine's reason."""
         if self._closed:
             raise RuntimeFailure("docker runtime is closed and cannot be started again")
-        ok, reason = docker_available(self.docker)
+        ok, reason = engine_available(self.engine)
         if not ok:
-            raise RuntimeFailure(f"docker is not usable here: {reason}")
-        done = await run_limited(self.spec, timeout_s=300, output_bytes=65536)
+            raise RuntimeFailure(f"{self.engine.name} is not usable here: {reason}")
+        await asyncio.to_thread(sweep_once, self.engine)
+        done = await self._client(self.spec, timeout_s=300)
         if done.exit_code != 0:
             await self._remove()
-            raise RuntimeFailure(f"docker run {self.image} failed: {done.stderr.strip()}")
+            raise RuntimeFailure(
+                f"{self.engine.name} run {self.image} failed: {done.stderr.strip()}"
+            )
         self._started = True
 
     async def exec(self, command: str, timeout_s: float) -> ExecResult:
-        """Run `command` with bash in the container; GNU `timeout` kills it at `timeout_s`."""
+        """Run `command` with bash in the container; GNU `timeout` kills it at `timeout_s`, and
+        what it left running (in its group or not) is killed when it ends (`_RUN`)."""
         self._check_usable()
-        inner = ["timeout", "-s", "KILL", f"{timeout_s:g}", "bash", "-c", command]
+        self._execs += 1
+        marker = f"{_EXEC_MARKER}={self.name}.{self._execs}"
+        inner = ["bash", "-c", _RUN, "bash", f"{timeout_s:g}", marker, command]
         started = time.monotonic()
-        result = await run_limited(
+        result = await self._client(
             [self.docker, "exec", self.name, *inner],
             timeout_s=timeout_s + _CLIENT_GRACE_S,
             output_bytes=self.limits.output_bytes,
@@ -198,13 +256,31 @@ class DockerRuntime:
             await self._remove()
 
     async def _remove(self) -> None:
-        await run_limited([self.docker, "rm", "-f", self.name], timeout_s=60, output_bytes=65536)
+        await self._client([self.docker, "rm", "-f", "-v", self.name], timeout_s=60)
+
+    async def _client(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float,
+        output_bytes: int = 65536,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run the engine's client (with its environment: podman's containers.conf)."""
+        return await run_limited(
+            argv,
+            timeout_s=timeout_s,
+            output_bytes=output_bytes,
+            cwd=self.engine.cwd,
+            env=self.engine.env,
+            stdin=stdin,
+        )
 
     async def _script(self, script: str, path: str, stdin: bytes | None = None) -> ExecResult:
         self._check_usable()
         argv = [self.docker, "exec", *(["-i"] if stdin is not None else []), self.name]
         argv += ["sh", "-c", script, "sh", path, self.root]
-        result = await run_limited(argv, timeout_s=60, output_bytes=1 << 30, stdin=stdin)
+        result = await self._client(argv, timeout_s=60, output_bytes=1 << 30, stdin=stdin)
         code = result.exit_code
         if code == _OUTSIDE:
             raise PermissionError(f"path {path!r} resolves outside the workspace {self.root}")
@@ -215,7 +291,9 @@ class DockerRuntime:
         if code == _NOT_DIR:
             raise NotADirectoryError(f"{path}: not a directory")
         if code != 0:
-            raise RuntimeFailure(f"docker exec in {self.name} failed: {result.stderr.strip()}")
+            raise RuntimeFailure(
+                f"{self.engine.name} exec in {self.name} failed: {result.stderr.strip()}"
+            )
         return result
 
     def _check_usable(self) -> None:
@@ -230,9 +308,9 @@ DOCKER_WORKDIR = "/workspace"
 
 @RUNTIMES.register("docker", needs_image=True)
 def build_docker(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRuntime:
-    """`runtime.kind: docker`: a container of `runtime.docker_image` with the request's
-    workspace mounted at /workspace, its commands run as the workspace's owner (the container
-    has no capabilities, so another user could not write it)."""
+    """`runtime.kind: docker`: a container of `runtime.docker_image` on `runtime.engine` with
+    the request's workspace mounted at /workspace, its commands run as the workspace's owner
+    (the container has no capabilities, so another user could not write it)."""
     if not settings.docker_image:
         raise ValueError("runtime.kind 'docker' needs runtime.docker_image (the image to run)")
     workspace = request.host_workspace("docker")
@@ -246,4 +324,5 @@ def build_docker(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRunt
         extra_ro_binds=request.read_only,
         user=f"{owner.st_uid}:{owner.st_gid}",
         env=request.env_at(DOCKER_WORKDIR),
+        docker=resolve_engine(settings.engine),
     )

@@ -22,10 +22,11 @@ Options (`tasks.options.terminal`):
 - `dirs` (list of paths, default []): more task folders, or folders of task folders;
 - `shipped` (bool, default true): include the shipped chores;
 - `on_unrunnable` (`error` | `skip`, default `error`): what a folder needing docker does where
-  no docker engine answers (or `runtime.kind` is `bubblewrap`);
+  no container engine answers (or `runtime.kind` is `bubblewrap`);
 - `max_command_s` (default 120): the cap on one `bash` call's time limit;
 - `output_chars` (default 16000): characters of a command's output the agent sees;
-- `docker` (default `docker`): the docker client to use.
+- `docker` (default none: `runtime.engine`, podman where it answers, else docker): the
+  container client to use, a name or a path.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from conveyor.config.sections import AUTO
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import Runtime, RuntimeFailure, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
-from conveyor.runtime.docker import docker_available
+from conveyor.runtime.engine import Engine, engine_available, engine_of, resolve_engine
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.tasks.family import (
@@ -116,7 +117,7 @@ class TerminalOptions(BaseModel):
     on_unrunnable: Literal["error", "skip"] = "error"
     max_command_s: float = Field(120.0, gt=0)
     output_chars: int = Field(16000, ge=200)
-    docker: str = "docker"
+    docker: str | None = None
 
 
 def _system_prompt() -> str:
@@ -284,11 +285,19 @@ class TerminalFamily:
             return self.runtimes[0], ""  # the sandbox over the task folder, the default
         if chosen != AUTO and not _runs_images(chosen):  # named, and it runs no image
             return None, f"it needs docker ({needs_docker}) and runtime.kind is {chosen}"
-        ok, why = docker_available(self.options.docker)
+        ok, why = engine_available(self.engine)
         if not ok:
             need = needs_docker or f"runtime.kind is {chosen}"
-            return None, f"it needs docker ({need}), and docker is not usable: {why}"
+            return None, f"it needs docker ({need}), and {self.engine.name} is not usable: {why}"
         return next(kind for kind in self.runtimes if _runs_images(kind)), ""
+
+    @property
+    def engine(self) -> Engine:
+        """The container engine of task images: the `docker` option's client, else
+        `runtime.engine`."""
+        if self.options.docker:
+            return engine_of(self.options.docker)
+        return resolve_engine(self.runtime.engine)
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` task folders of `split` in a seed-shuffled order; `ValueError` if there are
@@ -337,7 +346,7 @@ class TerminalFamily:
         """A started sandbox (or container) holding the task's starting state."""
         harbor = self._harbor(task)
         if _runs_images(self.kinds[harbor.name]):
-            docker = DockerTaskRuntime(harbor, limits=None, docker=self.options.docker)
+            docker = DockerTaskRuntime(harbor, limits=None, docker=self.engine)
             return await started(docker)
         template = await run_in_pool("init", template_for, harbor)
         workspace = await run_in_pool(

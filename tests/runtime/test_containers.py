@@ -1,0 +1,378 @@
+"""The docker runtime on a real OCI engine (podman here, docker where that is what answers).
+
+Every test starts real containers of the locally built base image (`conveyor-base:<hash>`,
+built once per machine by `ensure_base_image` and then found in the engine's store): commands
+and files, no network, memory and pids limits, a timed-out command killed inside the container,
+removal on close, the sweep of a SIGKILLed run's containers at the next start, and a terminal
+task through the family's real rollout path (its image built `FROM` the base image, the agent's
+calls and the verifier in its container). Skips, saying why, where no engine answers or the
+base image cannot be built (no mmdebstrap, no Debian mirror).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from conveyor.config.loader import load_config
+from conveyor.runtime.base import RuntimeFailure
+from conveyor.runtime.docker import DockerRuntime
+from conveyor.runtime.engine import (
+    OWNER_LABEL,
+    Engine,
+    engine_available,
+    owner_labels,
+    resolve_engine,
+    sweep_leftovers,
+)
+from conveyor.runtime.images import ImageBuildError, ensure_base_image
+from conveyor.runtime.limits import MiB, SandboxLimits
+
+T = TypeVar("T")
+ENGINE = resolve_engine("auto")
+ENGINE_OK, ENGINE_WHY = engine_available(ENGINE)
+pytestmark = pytest.mark.skipif(not ENGINE_OK, reason=f"no container engine: {ENGINE_WHY}")
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The base image's tag, built on first use (a cache hit in every later run)."""
+    try:
+        return ensure_base_image(ENGINE).tag
+    except ImageBuildError as exc:
+        pytest.skip(f"the base image cannot be built here: {exc}")
+
+
+def containers(**labels: str) -> list[str]:
+    """Names of the engine's containers (running or not) carrying all of `labels`."""
+    filters = [arg for key, value in labels.items() for arg in ("--filter", f"label={key}={value}")]
+    done = ENGINE.run("ps", "-a", "--format", "{{.Names}}", *filters)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def exists(name: str) -> bool:
+    return ENGINE.run("container", "inspect", "--format", "{{.Name}}", name).returncode == 0
+
+
+def test_commands_and_files_run_in_a_labelled_container_that_close_removes(
+    base_image: str, tmp_path: Path
+) -> None:
+    (tmp_path / "given.txt").write_text("from the host\n")
+
+    async def scenario() -> str:
+        rt = DockerRuntime(base_image, workdir="/workspace", workspace=tmp_path, docker=ENGINE)
+        await rt.start()
+        try:
+            inside = await rt.exec("cat /etc/debian_version; python3 -c 'print(6 * 7)'; pwd", 30)
+            assert inside.exit_code == 0, inside.stderr
+            version, answer, cwd = inside.stdout.split()
+            assert version.startswith("12.") and answer == "42" and cwd == "/workspace"
+            assert await rt.read_file("given.txt") == "from the host\n"
+            await rt.write_file("made/inside.txt", "from the container\n")
+            assert (tmp_path / "made" / "inside.txt").read_text() == "from the container\n"
+            with pytest.raises(PermissionError):
+                await rt.read_file("/etc/passwd")
+            assert (await rt.exec("exit 3", 10)).exit_code == 3
+            assert rt.name in containers(**owner_labels())
+        finally:
+            await rt.close()
+        return rt.name
+
+    name = run(scenario())
+    assert not exists(name)
+
+
+def test_a_missing_image_is_an_infrastructure_failure() -> None:
+    rt = DockerRuntime("conveyor-no-such-image:0", docker=ENGINE)
+    with pytest.raises(RuntimeFailure, match="conveyor-no-such-image"):
+        run(rt.start())
+    assert not exists(rt.name)
+
+
+@pytest.fixture
+def host_server() -> Iterator[tuple[str, int, list[object]]]:
+    """A TCP server on this host (all addresses): its address as the container could reach it
+    (this host's outward IP), its port, and the connections it accepted."""
+    server = socket.create_server(("0.0.0.0", 0))
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("10.255.255.255", 1))  # no packet is sent: it only picks the route
+        address = probe.getsockname()[0]
+    try:
+        yield address, server.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def test_the_network_is_off(base_image: str, host_server: tuple[str, int, list[object]]) -> None:
+    address, port, accepted = host_server
+    connect = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"
+    reached = subprocess.run([sys.executable, "-c", connect, address, str(port)], check=False)
+    assert reached.returncode == 0 and len(accepted) == 1  # the server answers from the host
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        rt = DockerRuntime(base_image, workdir="/tmp", docker=ENGINE)
+        await rt.start()
+        try:
+            tries = [
+                await rt.exec(f"python3 -c '{connect}' {host} {port}", 20)
+                for host in (address, "127.0.0.1")
+            ]
+            links = await rt.exec("ls /sys/class/net", 10)
+            return *tries, links
+        finally:
+            await rt.close()
+
+    outward, loopback, links = run(scenario())
+    assert outward.exit_code != 0 and "Network is unreachable" in outward.stderr
+    assert loopback.exit_code != 0 and "Connection refused" in loopback.stderr
+    assert links.stdout.split() == ["lo"]
+    assert len(accepted) == 1  # nothing from inside reached it
+
+
+def test_a_2_gb_allocation_is_killed_at_the_memory_limit_and_the_container_lives_on(
+    base_image: str,
+) -> None:
+    limits = SandboxLimits(memory_bytes=256 * MiB)
+
+    async def scenario() -> tuple[Any, Any]:
+        rt = DockerRuntime(base_image, workdir="/tmp", limits=limits, docker=ENGINE)
+        await rt.start()
+        try:
+            hog = await rt.exec("python3 -c 'b = b\"x\" * (2 << 30); print(len(b))'", 60)
+            return hog, await rt.exec("echo still here", 10)
+        finally:
+            await rt.close()
+
+    hog, after = run(scenario())
+    # Killed by the kernel's OOM killer in the container's cgroup: the command's own failure
+    # (the policy's), not a runtime failure and not a timeout.
+    assert hog.exit_code == 137 and not hog.timed_out and hog.stdout == ""
+    assert after.exit_code == 0 and after.stdout == "still here\n"
+
+
+def test_the_pids_limit_holds_and_a_fork_bomb_is_the_command_s_own_timeout(
+    base_image: str,
+) -> None:
+    limits = SandboxLimits(max_processes=64)
+    count_forks = textwrap.dedent(
+        """\
+        import os, signal, time
+        children = []
+        try:
+            while len(children) < 500:
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                children.append(pid)
+        except OSError as exc:
+            print(len(children), exc.errno, flush=True)
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        """
+    )
+
+    async def scenario() -> tuple[Any, Any, Any, Any]:
+        rt = DockerRuntime(base_image, workdir="/tmp", limits=limits, docker=ENGINE)
+        await rt.start()
+        try:
+            await rt.write_file("forks.py", count_forks)
+            forks = await rt.exec("python3 forks.py", 60)
+            made, errno = forks.stdout.split()
+            assert 30 < int(made) < 64 and errno == "11"  # EAGAIN at the limit, before 500
+            # The classic bomb returns at once, leaving its processes behind; this one waits
+            # for its time limit.
+            quick = await rt.exec(":(){ :|:& };:", 10)
+            bomb = await rt.exec("bomb() { bomb | bomb & }; bomb; while :; do :; done", 3)
+            left = await rt.exec("ls -d /proc/[0-9]* | wc -l", 20)
+            return quick, bomb, left, await rt.exec("echo alive", 10)
+        finally:
+            await rt.close()
+
+    quick, bomb, left, after = run(scenario())
+    assert quick.exit_code == 0  # the policy's own mess: no runtime failure
+    assert bomb.timed_out and bomb.exit_code == 124
+    # The bomb's processes are gone with it: the keeper, its sleep and the listing remain.
+    assert int(left.stdout) < 10, left
+    assert after.exit_code == 0 and after.stdout == "alive\n"
+
+
+def test_a_timed_out_command_is_killed_inside_the_container(base_image: str) -> None:
+    async def scenario() -> tuple[Any, Any]:
+        rt = DockerRuntime(base_image, workdir="/tmp", docker=ENGINE)
+        await rt.start()
+        try:
+            began = time.monotonic()
+            slow = await rt.exec("sleep 301 & setsid sleep 302 & sleep 303", 1)
+            assert time.monotonic() - began < 8
+            listing = await rt.exec(
+                "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done", 10
+            )
+            return slow, listing
+        finally:
+            await rt.close()
+
+    slow, listing = run(scenario())
+    assert slow.timed_out and slow.exit_code == 124
+    assert "sleep 30" not in listing.stdout  # its group and the one that left it (setsid)
+    assert "sleep 86400" in listing.stdout  # the keeper's own sleep is untouched
+
+
+OWNER = """
+import asyncio, sys
+from conveyor.runtime.docker import DockerRuntime
+from conveyor.runtime.engine import resolve_engine
+
+async def main():
+    rt = DockerRuntime(sys.argv[1], workdir="/tmp", docker=resolve_engine("auto"))
+    await rt.start()
+    print(rt.name, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_sigkilled_run_s_containers_are_swept_at_the_next_start(
+    base_image: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    owner = subprocess.Popen(
+        [sys.executable, str(script), base_image], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owner.stdout is not None
+    name = owner.stdout.readline().strip()
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert name and exists(name)  # a SIGKILL runs no cleanup: the container outlives its run
+
+    async def live_one() -> list[str]:
+        mine = DockerRuntime(base_image, workdir="/tmp", docker=ENGINE)
+        await mine.start()
+        try:
+            swept = sweep_leftovers(ENGINE)  # what the next start of a run does first
+            assert exists(mine.name)  # a live run's containers are left alone
+            return swept
+        finally:
+            await mine.close()
+
+    swept = run(live_one())
+    assert name in swept and not exists(name)
+
+
+def test_owner_labels_name_this_process() -> None:
+    import os
+
+    labels = owner_labels()
+    assert labels[OWNER_LABEL].startswith(f"{os.getpid()}:")
+    assert labels[OWNER_LABEL].split(":")[1].isdigit()
+
+
+TASK_TOML = """\
+version = "1.0"
+
+[verifier]
+timeout_sec = 60.0
+
+[agent]
+timeout_sec = 60.0
+"""
+
+
+def terminal_task(root: Path, base_image: str) -> Path:
+    """A Harbor task folder whose image is built `FROM` the base image, with a `RUN`."""
+    folder = root / "count-lines-in-container"
+    (folder / "environment" / "app").mkdir(parents=True)
+    (folder / "environment" / "Dockerfile").write_text(
+        f"FROM {base_image}\nWORKDIR /app\nCOPY app/ /app/\nRUN echo built > /app/stamp\n"
+    )
+    (folder / "environment" / "app" / "words.txt").write_text("a\nb\nc\n")
+    (folder / "instruction.md").write_text(
+        "Write the number of lines of /app/words.txt into /app/count.txt.\n"
+    )
+    (folder / "task.toml").write_text(TASK_TOML)
+    (folder / "solution").mkdir()
+    (folder / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\nwc -l < /app/words.txt > count.txt\n"
+    )
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        'if [ "$(cat /app/stamp)" = built ] && [ "$(cat /app/count.txt)" = 3 ]; then\n'
+        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n"
+    )
+    return folder
+
+
+def test_a_terminal_task_runs_and_is_verified_in_its_own_image(
+    base_image: str, tmp_path: Path, model_dir: Path
+) -> None:
+    from conveyor.app.families import check_family
+    from conveyor.tasks.family import split_of
+
+    folder = terminal_task(tmp_path, base_image)
+    options = {"dirs": [str(folder)], "shipped": False}
+    config = load_config(
+        None,
+        [
+            "tasks.families=[terminal]",
+            f"tasks.options={{terminal: {json.dumps(options)}}}",
+            "runtime.kind=docker",
+            f"runtime.docker_image={base_image}",  # unused: the task's own image runs
+            f"runtime.engine={ENGINE.name}",
+        ],
+    ).config
+    report = run(
+        check_family(config, "terminal", n=1, split=split_of(folder.name), say=lambda _: None)
+    )
+    assert report["ok"], report["problems"]
+    assert (report["oracle_mean"], report["empty_mean"]) == (1.0, 0.0)
+    assert not containers(**owner_labels())  # every rollout's container is gone
+
+
+def test_engine_is_what_runtime_engine_names() -> None:
+    assert resolve_engine("docker") == Engine("docker", "docker")
+    assert resolve_engine("podman").name == "podman"
+    with pytest.raises(ValueError, match="auto, podman or docker"):
+        resolve_engine("lxc")
+    if shutil.which("podman"):
+        assert ENGINE.name == "podman"  # auto: podman where it answers
