@@ -57,6 +57,17 @@ def test_doctor_json_contract(model_dir: Path) -> None:
     assert bad.returncode != 0
     report = json.loads(bad.stdout.strip().splitlines()[-1])
     assert report["consistent"] is False and report["splits"] > 0
+    assert report["fix"] == "model.reasoning_history: keep"
+    kept = conveyor(
+        "doctor",
+        str(model_dir),
+        "--chat-template",
+        str(TEMPLATES / "qwen3.jinja"),
+        "--reasoning-history",
+        "keep",
+    )
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "consistent; splits=0, samples=1" in kept.stdout
 
 
 def test_models_prepare_is_idempotent_and_prints_the_path_last(model_dir: Path) -> None:
