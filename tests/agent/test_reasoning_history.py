@@ -13,6 +13,7 @@ chat template). The agent loop, rendering, parsing, tools and ledger are the rea
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -111,9 +112,25 @@ def _accumulate_thinking(qwen3: str) -> str:
     return qwen3.replace(parse, "{%- if false %}").replace(decorate, "{%- if reasoning_content %}")
 
 
+# The tokens Qwen3's own tokenizer has as single added tokens, which SmolLM2's splits into text.
+QWEN3_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+QWEN3_ADDED += ["<tool_response>", "</tool_response>"]
+
+
+@pytest.fixture(scope="module", params=["smollm2", "with-qwen3-added-tokens"])
+def any_tokenizer(request: pytest.FixtureRequest, tokenizer: Any) -> Any:
+    if request.param == "smollm2":
+        return tokenizer
+    extended = copy.deepcopy(tokenizer)  # the session's tokenizer stays as it is
+    assert extended.add_tokens(QWEN3_ADDED) == len(QWEN3_ADDED)
+    assert len(extended.encode("<think>", add_special_tokens=False)) == 1
+    return extended
+
+
 def test_fake_engine_10_turn_qwen3_rollout_keep_trains_as_one_sample_equal_to_whole(
-    tokenizer: Any,
+    any_tokenizer: Any,
 ) -> None:
+    tokenizer = any_tokenizer
     t, renderer = _rollout(tokenizer, "keep")
     assert t.status is Status.OK and len(t.turns) == 10
     assert t.counters["splits"] == 0 and t.counters["user_turns"] == 2
