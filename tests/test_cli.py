@@ -57,6 +57,25 @@ def test_doctor_json_contract(model_dir: Path) -> None:
     assert bad.returncode != 0
     report = json.loads(bad.stdout.strip().splitlines()[-1])
     assert report["consistent"] is False and report["splits"] > 0
+    assert report["fix"] == "model.reasoning_history: keep"
+    # in this process (a third interpreter start would cost ~12 s): the option's plumbing
+    from typer.testing import CliRunner
+
+    from conveyor.cli import app
+
+    kept = CliRunner().invoke(
+        app,
+        [
+            "doctor",
+            str(model_dir),
+            "--chat-template",
+            str(TEMPLATES / "qwen3.jinja"),
+            "--reasoning-history",
+            "keep",
+        ],
+    )
+    assert kept.exit_code == 0, kept.output
+    assert "consistent; splits=0, samples=1" in kept.output
 
 
 def test_models_prepare_is_idempotent_and_prints_the_path_last(model_dir: Path) -> None:

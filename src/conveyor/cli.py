@@ -121,24 +121,41 @@ def doctor(
     chat_template: Annotated[
         Path | None, typer.Option(help="A Jinja chat template to use instead of the model's.")
     ] = None,
+    reasoning_history: Annotated[
+        str,
+        typer.Option(
+            help="model.reasoning_history to check: 'template' (earlier turns as the template "
+            "writes them) or 'keep' (every assistant turn as sampled, reasoning included)."
+        ),
+    ] = "template",
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
 ) -> None:
     """Check that incremental rendering of a tool conversation equals full rendering.
 
-    Exits 0 when consistent, 1 otherwise; with --json the last line is the report.
+    Exits 0 when consistent (the conversation trains as one exact sample), 1 otherwise; the
+    report names the setting that fixes it where one does. With --json the last line is the
+    report.
     """
-    from conveyor.agent.chat import ChatRenderer
-    from conveyor.doctor import _SCHEMAS, diagnose
+    from conveyor.doctor import check
     from conveyor.engines.factory import load_tokenizer
     from conveyor.models import ModelError, resolve_model_path
 
+    if reasoning_history not in ("template", "keep"):
+        _fail(f"--reasoning-history must be 'template' or 'keep', not {reasoning_history!r}")
     try:
         model_dir = resolve_model_path(None if model == "default" else model)
         tokenizer = load_tokenizer(model_dir)
     except ModelError as exc:
         _fail(str(exc))
     template = chat_template.read_text() if chat_template else None
-    report = diagnose(ChatRenderer(tokenizer, _SCHEMAS, chat_template=template))
+    try:
+        report = check(
+            tokenizer,
+            chat_template=template,
+            reasoning_history="keep" if reasoning_history == "keep" else "template",
+        )
+    except ValueError as exc:
+        _fail(str(exc))
     if as_json:
         typer.echo(json.dumps(report.as_dict()))
     else:
@@ -146,12 +163,15 @@ def doctor(
         typer.echo(
             f"{model_dir}: {verdict}; splits={report.splits}, samples={report.samples}, "
             f"split samples token-exact={report.samples_exact}, "
-            f"native tools={report.native_tools}, format={report.tool_format}"
+            f"native tools={report.native_tools}, format={report.tool_format}, "
+            f"reasoning_history={report.reasoning_history}"
         )
         for line in report.split_reasons:
             typer.echo(f"  split: {line}")
         for line in report.mismatches:
             typer.echo(f"  mismatch: {line}")
+        if report.fix is not None:
+            typer.echo(f"  fix: set {report.fix} (one exact sample with it)")
     raise typer.Exit(code=0 if report.consistent else 1)
 
 

@@ -4,7 +4,9 @@ A scripted conversation (system, user, assistant turns with reasoning and tool c
 a follow-up user question) is fed through `TokenLedger` as if the assistant text had been sampled.
 The report says whether incremental rendering equals the full rendering token for token, and where
 and why not. A template that rewrites earlier turns (Qwen3 strips earlier reasoning) forces splits;
-each split sample is still checked to be token-exact on its own.
+each split sample is still checked to be token-exact on its own. `check` also says which setting
+fixes splits: where the template splits and `model.reasoning_history: keep` (every assistant turn
+rendered as sampled) does not, that is the fix the report names.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer, TokenLedger
+from conveyor.agent.chat import ChatRenderer, ReasoningHistory, Tokenizer, TokenLedger
 from conveyor.agent.parsing import format_tool_call
 from conveyor.types import Message, ToolCall
 
@@ -93,8 +95,10 @@ class DoctorReport:
     samples_exact: bool
     native_tools: bool
     tool_format: str
+    reasoning_history: str = "template"
     split_reasons: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    fix: str | None = None  # the setting that makes the conversation one exact sample, if any
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form (the `--json` contract: `consistent` and `splits` at least)."""
@@ -105,6 +109,8 @@ class DoctorReport:
             "samples_exact": self.samples_exact,
             "native_tools": self.native_tools,
             "tool_format": self.tool_format,
+            "reasoning_history": self.reasoning_history,
+            "fix": self.fix,
             "split_reasons": self.split_reasons,
             "mismatches": self.mismatches,
         }
@@ -162,9 +168,37 @@ def diagnose(renderer: ChatRenderer) -> DoctorReport:
         samples_exact=not any(m.startswith("turn") for m in mismatches),
         native_tools=renderer.native_tools,
         tool_format=renderer.tool_format,
+        reasoning_history=renderer.reasoning_history,
         split_reasons=ledger.split_reasons,
         mismatches=mismatches,
     )
+
+
+def check(
+    tokenizer: Tokenizer,
+    *,
+    chat_template: str | None = None,
+    reasoning_history: ReasoningHistory = "template",
+) -> DoctorReport:
+    """`diagnose` with the given settings; where that is not consistent, try the other
+    `model.reasoning_history` and name it as the fix when it is."""
+    report = diagnose(
+        ChatRenderer(
+            tokenizer, _SCHEMAS, chat_template=chat_template, reasoning_history=reasoning_history
+        )
+    )
+    if report.consistent:
+        return report
+    other: ReasoningHistory = "keep" if reasoning_history == "template" else "template"
+    try:
+        alternative = diagnose(
+            ChatRenderer(tokenizer, _SCHEMAS, chat_template=chat_template, reasoning_history=other)
+        )
+    except ValueError:  # 'keep' refused: the template does not write assistant content as given
+        return report
+    if alternative.consistent:
+        report.fix = f"model.reasoning_history: {other}"
+    return report
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:

@@ -11,6 +11,13 @@ such as the newline after `<|im_end|>`, tool output, hints, the next generation 
 tokenized and appended, all with loss mask 0. Where a template rewrites earlier turns (Qwen3
 strips earlier reasoning), the check fails and a new training sample starts from the full
 rendering: a split, counted.
+
+`model.reasoning_history: keep` removes that cause: every assistant turn renders exactly as it
+was sampled, `<think>` reasoning and whitespace included, whatever the template would make of it.
+The template still writes everything around the assistant's text (roles, tool responses, the
+generation prompt); only the assistant content is put back verbatim (`ChatRenderer._verbatim`).
+A multi-turn rollout then stays one growing sequence: one training sample with a loss mask over
+the model's own tokens, instead of one sample per turn that carries the whole prefix.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ if TYPE_CHECKING:
     from conveyor.config import ModelConfig
 
 ToolFormat = Literal["hermes", "xml"]
+# `model.reasoning_history`: the template decides how earlier assistant turns render ("template"),
+# or every assistant turn renders exactly as sampled ("keep").
+ReasoningHistory = Literal["template", "keep"]
 
 
 class Tokenizer(Protocol):
@@ -100,8 +110,10 @@ class ChatRenderer:
         chat_template: str | None = None,
         tool_format: Literal["auto", "hermes", "xml"] = "auto",
         tool_prompt: Literal["schema", "compact"] = "schema",
+        reasoning_history: ReasoningHistory = "template",
     ) -> None:
         self.tokenizer = tokenizer
+        self.reasoning_history: ReasoningHistory = reasoning_history
         self.tool_schemas = tool_schemas
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
@@ -138,18 +150,72 @@ class ChatRenderer:
         return out
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
-        """The full conversation text as the template writes it."""
+        """The full conversation text as the template writes it (with `reasoning_history:
+        keep`, each assistant turn as it was sampled)."""
+        prepared = self._prepare(messages)
+        if self.reasoning_history == "keep" and any(m["role"] == "assistant" for m in prepared):
+            return self._verbatim(prepared, add_generation_prompt)
+        return self._apply(prepared, add_generation_prompt)
+
+    def _apply(self, prepared: list[Message], add_generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {}
         if self.native_tools and self.tool_schemas:
             kwargs["tools"] = self.tool_schemas
         text = self.tokenizer.apply_chat_template(
-            self._prepare(messages),
+            prepared,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
             **kwargs,
         )
         return str(text)
+
+    def _verbatim(self, prepared: list[Message], add_generation_prompt: bool) -> str:
+        """Render with each assistant content replaced by a placeholder, then put the sampled
+        text back in place of the placeholder.
+
+        A placeholder holds no `<think>`, so a template that parses reasoning out of the content
+        (Qwen3, DeepSeek-R1) has none to drop or to re-space and writes it as it is. A template
+        that adds an empty think block in front of a *trailing* assistant turn (Qwen3, in a
+        rendering without the generation prompt) would put it before sampled reasoning: there
+        the turn renders as its own prompt (the earlier messages with the generation prompt)
+        plus the sampled text plus the template's end of turn, which is what the model saw.
+        """
+        contents: dict[str, str] = {}
+        masked: list[Message] = []
+        for index, message in enumerate(prepared):
+            if message["role"] == "assistant":
+                mark = f"CONVEYOR{self._nonce}ASSISTANT{index}END"
+                contents[mark] = str(message.get("content") or "")
+                message = {
+                    k: v for k, v in message.items() if k not in ("reasoning_content", "content")
+                }
+                message["content"] = mark
+            masked.append(message)
+        text = self._apply(masked, add_generation_prompt)
+        last = masked[-1]
+        if not add_generation_prompt and last["role"] == "assistant":
+            mark = str(last["content"])
+            if text.count(mark) != 1:
+                raise ValueError(self._not_verbatim(mark))
+            head = self._verbatim(prepared[:-1], True) if len(prepared) > 1 else ""
+            return head + contents[mark] + text[text.index(mark) + len(mark) :]
+        for mark, content in contents.items():
+            if text.count(mark) != 1:
+                raise ValueError(self._not_verbatim(mark))
+            text = text.replace(mark, content)
+        return text
+
+    @property
+    def _nonce(self) -> str:
+        return f"{id(self):x}"
+
+    def _not_verbatim(self, mark: str) -> str:
+        return (
+            "model.reasoning_history 'keep' needs a chat template that writes an assistant "
+            f"message's content as given; this one did not write it exactly once ({mark}); "
+            "fix: set model.reasoning_history: template, or give model.chat_template"
+        )
 
     def encode(self, text: str) -> TokenIds:
         """Tokenize template text (special tokens in it are parsed; no BOS/EOS added)."""
@@ -183,6 +249,7 @@ def renderer_factory(model: ModelConfig, tokenizer: Tokenizer) -> RendererFactor
             chat_template=template,
             tool_format=model.tool_format,
             tool_prompt=model.tool_prompt,
+            reasoning_history=model.reasoning_history,
         )
 
     return make

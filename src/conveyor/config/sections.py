@@ -54,6 +54,17 @@ class ModelConfig(Section):
         description="Tool-call convention: 'hermes' (<tool_call>{json}</tool_call>), 'xml' "
         "(<function=name><parameter=p>...), or 'auto' to follow the chat template.",
     )
+    reasoning_history: Literal["template", "keep"] = Field(
+        default="template",
+        description="How earlier assistant turns render in the next prompt. 'template': as the "
+        "chat template writes them; a template that rewrites them (Qwen3 drops earlier turns' "
+        "<think> reasoning after a new user message and re-spaces the think block) breaks the "
+        "prefix, so the turn starts a new training sample carrying the whole history (a counted "
+        "split). 'keep': every assistant turn renders exactly as sampled, reasoning included "
+        "(the template writes everything else), so a multi-turn rollout of a thinking model "
+        "trains as one sample with a loss mask; its prompts keep earlier reasoning, as SkyRL's "
+        "accumulate-thinking template does. `conveyor doctor` reports which one a template needs.",
+    )
 
 
 class EngineConfig(Section):
