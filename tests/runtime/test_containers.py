@@ -221,13 +221,21 @@ def test_the_pids_limit_holds_and_a_fork_bomb_is_the_command_s_own_timeout(
             # for its time limit.
             quick = await rt.exec(":(){ :|:& };:", 10)
             bomb = await rt.exec("bomb() { bomb | bomb & }; bomb; while :; do :; done", 3)
-            left = await rt.exec("ls -d /proc/[0-9]* | wc -l", 20)
+            # The kill of the bomb's processes is asynchronous: on a loaded machine a listing
+            # right after it may still see some dying; they must be gone within seconds.
+            for _ in range(20):
+                left = await rt.exec("ls -d /proc/[0-9]* | wc -l", 20)
+                if int(left.stdout) < 10:
+                    break
+                await asyncio.sleep(0.5)
             return quick, bomb, left, await rt.exec("echo alive", 10)
         finally:
             await rt.close()
 
     quick, bomb, left, after = run(scenario())
-    assert quick.exit_code == 0  # the policy's own mess: no runtime failure
+    # The policy's own mess, whatever its exit status (under load bash's own forks may fail and
+    # exit non-zero): a command's result, neither a timeout nor a runtime failure (that raises).
+    assert not quick.timed_out
     assert bomb.timed_out and bomb.exit_code == 124
     # The bomb's processes are gone with it: the keeper, its sleep and the listing remain.
     assert int(left.stdout) < 10, left
