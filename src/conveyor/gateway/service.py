@@ -313,7 +313,7 @@ class Gateway:
             message["tool_calls"] = tool_calls
         returned = normal_message(message)
         record.history = [*normal, returned]
-        record.raw_assistant[returned] = assistant["content"]
+        record.replies.add(record.history, assistant["content"], turn_index)
         record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
         finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
         return {
