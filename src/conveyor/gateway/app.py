@@ -143,7 +143,7 @@ async def _json(request: Request, *, allow_empty: bool = False) -> Any:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

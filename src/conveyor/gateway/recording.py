@@ -117,6 +117,9 @@ class RolloutRecord:
     last: LastTurn | None = None
     state: RolloutState = RolloutState.OPEN
     closed_as: tuple[Status, EndReason] | None = None
+    # The refusal that closed it (a budget), answered again to every later chat request, so
+    # a client that retries classifies the retry as it did the first answer.
+    closed_by: Exception | None = None
     error: str | None = None
     # The engine or runtime exception that made this rollout an infra_error, if one did.
     infra_failure: BaseException | None = None

@@ -31,7 +31,13 @@ from conveyor.gateway.chat_request import (
     parse_chat_request,
 )
 from conveyor.gateway.conversation import advance, internal_messages
-from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_found
+from conveyor.gateway.errors import (
+    GatewayError,
+    bad_request,
+    conflict,
+    context_length_exceeded,
+    not_found,
+)
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
@@ -155,6 +161,7 @@ class Gateway:
                         f"the runtime failed to start: {exc}",
                         type="server_error",
                         code="runtime_error",
+                        retry=True,  # nothing was recorded: a new try starts afresh
                     ) from exc
             record.runtime, record.owns_runtime = runtime, owns
             record.ctx = ToolContext(task=task, runtime=runtime)
@@ -194,12 +201,13 @@ class Gateway:
         async with record.lock:
             _require_open(record)
             if len(record.turns) >= self.agent.max_turns:
-                await self._close(record, Status.TRUNCATED, EndReason.MAX_TURNS)
-                raise bad_request(
+                error = bad_request(
                     f"the rollout used all {self.agent.max_turns} turns (agent.max_turns); "
                     "it ended truncated",
                     code="max_turns",
                 )
+                await self._close(record, Status.TRUNCATED, EndReason.MAX_TURNS, error)
+                raise error
             renderer = self._renderer(request.tools)
             internal, normal = internal_messages(record, request.messages, renderer)
             prompt = advance(record, request, renderer, internal, normal)
@@ -215,23 +223,22 @@ class Gateway:
     async def _check_budget(self, record: RolloutRecord, prompt: list[int]) -> None:
         agent = self.agent
         if len(prompt) > agent.max_prompt_tokens:
-            reason, limit = (
+            reason, limit, setting = (
                 EndReason.MAX_PROMPT_TOKENS,
-                f"agent.max_prompt_tokens={agent.max_prompt_tokens}",
+                agent.max_prompt_tokens,
+                "agent.max_prompt_tokens",
             )
         elif len(prompt) >= agent.max_context_tokens:
-            reason, limit = (
+            reason, limit, setting = (
                 EndReason.MAX_CONTEXT_TOKENS,
-                f"agent.max_context_tokens={agent.max_context_tokens}",
+                agent.max_context_tokens,
+                "agent.max_context_tokens",
             )
         else:
             return
-        await self._close(record, Status.TRUNCATED, reason)
-        raise bad_request(
-            f"the prompt has {len(prompt)} tokens, over {limit}; the rollout ended truncated",
-            param="messages",
-            code="context_length_exceeded",
-        )
+        error = context_length_exceeded(len(prompt), limit, setting)
+        await self._close(record, Status.TRUNCATED, reason, error)
+        raise error
 
     async def _sample(
         self,
@@ -305,9 +312,13 @@ class Gateway:
             }
             for i, c in enumerate(parsed.calls)
         ]
+        # A call the parser could not read (malformed, or cut off by the length limit) is not
+        # dropped from sight: as an OpenAI-compatible server does, the reply's content is then
+        # the model's whole text, so the client sees what the policy wrote.
+        content = assistant["content"].strip() if parsed.errors else parsed.content
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": parsed.content if parsed.content or not tool_calls else None,
+            "content": content if content or not tool_calls else None,
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
@@ -422,9 +433,16 @@ class Gateway:
                         record.closed_as = (Status.INFRA_ERROR, EndReason.UNSET)
             return await self._finalize(record)
 
-    async def _close(self, record: RolloutRecord, status: Status, reason: EndReason) -> None:
+    async def _close(
+        self,
+        record: RolloutRecord,
+        status: Status,
+        reason: EndReason,
+        error: GatewayError | None = None,
+    ) -> None:
         record.state = RolloutState.CLOSED
         record.closed_as = (status, reason)
+        record.closed_by = error
 
     async def _finalize(self, record: RolloutRecord) -> Trajectory:
         trajectory = record.build(self.agent.max_turns)
@@ -457,16 +475,26 @@ def check_rollout_id(rollout_id: str) -> None:
 
 
 def _require_open(record: RolloutRecord) -> None:
-    if record.state is RolloutState.FINISHED:
-        raise conflict(f"rollout {record.rollout_id!r} is finished")
-    if record.state is RolloutState.CLOSED:
-        assert record.closed_as is not None
-        status, reason = record.closed_as
-        raise conflict(
-            f"rollout {record.rollout_id!r} ended ({status.value}: {reason.value}); "
-            "only finish is accepted",
-            code="rollout_closed",
+    """A 400 for a rollout that takes no more turns: the client must stop, not retry (a 409 is
+    retried by the openai SDK). One a budget closed answers that budget's refusal again."""
+    if record.state is RolloutState.OPEN:
+        return
+    if record.state is RolloutState.CLOSED and isinstance(record.closed_by, GatewayError):
+        raise record.closed_by
+    if record.trajectory is not None:
+        status, reason = record.trajectory.status, record.trajectory.stop_reason
+        raise bad_request(
+            f"rollout {record.rollout_id!r} is finished ({status.value}: {reason.value}); "
+            "it takes no more requests",
+            code="rollout_finished",
         )
+    assert record.closed_as is not None
+    status, reason = record.closed_as
+    raise bad_request(
+        f"rollout {record.rollout_id!r} ended ({status.value}: {reason.value}); "
+        "only finish is accepted",
+        code="rollout_closed",
+    )
 
 
 def _append(path: Path, line: str) -> None:
