@@ -32,19 +32,30 @@ class ChatRequest:
     temperature: float | None
     top_p: float | None
     seed: int | None
+    # Sent as SSE chunks (`streaming`); recorded exactly as a whole reply.
+    stream: bool = False
+    include_usage: bool = False
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a decoded request body; `GatewayError` (400) naming the field that is wrong."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    if body.get("stream"):
-        raise bad_request(
-            "stream=true is not supported: the gateway answers whole completions only; "
-            "send stream=false",
-            param="stream",
-            code="stream_not_supported",
-        )
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request(f"stream must be a boolean, got {stream!r}", param="stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise bad_request(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        usage = options.get("include_usage") if isinstance(options, dict) else None
+        if not isinstance(options, dict) or not isinstance(usage, bool | None):
+            raise bad_request(
+                f"stream_options must be {{'include_usage': bool}}, got {options!r}",
+                param="stream_options",
+            )
     n = body.get("n", 1)
     if n not in (1, None):
         raise bad_request(f"n={n!r} is not supported; one choice per request", param="n")
@@ -73,6 +84,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=_number(body, "temperature", low=0.0),
         top_p=_number(body, "top_p", low=0.0, high=1.0),
         seed=_seed(body.get("seed")),
+        stream=bool(stream),
+        include_usage=bool((options or {}).get("include_usage")),
     )
 
 

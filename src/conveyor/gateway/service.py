@@ -195,8 +195,9 @@ class Gateway:
     # -- chat ----------------------------------------------------------------------------------
 
     async def chat(self, rollout_id: str, body: Any) -> dict[str, Any]:
-        """One chat completion in a rollout (created on its first request)."""
-        request = parse_chat_request(body)
+        """One chat completion in a rollout (created on its first request); `body` is the
+        decoded request body, or a `ChatRequest` already checked."""
+        request = body if isinstance(body, ChatRequest) else parse_chat_request(body)
         record = self.rollouts.get(rollout_id) or await self.create(rollout_id)
         async with record.lock:
             _require_open(record)
