@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
-from conveyor.agent.loop import request_seed, sampled_turn
+from conveyor.agent.loop import request_seed
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
@@ -30,6 +30,7 @@ from conveyor.gateway.chat_request import (
     normal_message,
     parse_chat_request,
 )
+from conveyor.gateway.controls import forced_prefix, kept_before_stop, stop_strings
 from conveyor.gateway.conversation import advance, internal_messages
 from conveyor.gateway.errors import (
     GatewayError,
@@ -42,7 +43,7 @@ from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
-from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory
+from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory, Turn
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -261,9 +262,10 @@ class Gateway:
             if request.seed is not None
             else request_seed(self.sampling.sampling_seed, record.session, turn_index)
         )
+        forced = renderer.encode(forced_prefix(request, renderer.tool_format))
         sample = SampleRequest(
-            prompt_ids=prompt,
-            max_tokens=min(cap, room),
+            prompt_ids=prompt + forced,
+            max_tokens=max(1, min(cap, room) - len(forced)),
             temperature=self.sampling.temperature if temperature is None else temperature,
             top_p=self.sampling.top_p if top_p is None else top_p,
             seed=seed,
@@ -287,9 +289,32 @@ class Gateway:
             ) from (exc if isinstance(exc, EngineError) else None)
         finally:
             record.engine_s += time.monotonic() - asked
-        stopped = result.finish_reason == StopReason.STOP
-        record.turns.append(sampled_turn(prompt, result, ledger.sample_index))
-        assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
+        sampled, logprobs, finish = (
+            list(result.token_ids),
+            list(result.logprobs),
+            result.finish_reason,
+        )
+        kept = kept_before_stop(
+            sampled, stop_strings(request, renderer.tool_format), renderer.decode
+        )
+        if kept is not None:  # a stop string: the reply ends before it, as if it stopped there
+            sampled, logprobs, finish = sampled[:kept], logprobs[:kept], StopReason.STOP
+        stopped = finish == StopReason.STOP
+        # forced tokens (tool_choice) are part of the reply, never trained on
+        record.turns.append(
+            Turn(
+                prompt_ids=list(prompt),
+                completion_ids=forced + sampled,
+                completion_logprobs=[0.0] * len(forced) + logprobs,
+                loss_mask=[0] * len(forced) + [1] * len(sampled),
+                policy_version=result.policy_version,
+                stop_reason=finish,
+                sample_index=ledger.sample_index,
+            )
+        )
+        if forced:
+            record.bump("forced_tokens", len(forced))
+        assistant = ledger.add_completion(forced + sampled, stopped_on_eos=stopped)
         schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools
         }
@@ -328,18 +353,25 @@ class Gateway:
         record.replies.add(record.history, assistant["content"], turn_index)
         record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
         finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
+        completion_tokens = len(forced) + len(sampled)
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": _logprobs(renderer, sampled, logprobs, stopped)
+            if request.logprobs
+            else None,
+        }
         return {
             "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
-            ],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt),
-                "completion_tokens": len(result.token_ids),
-                "total_tokens": len(prompt) + len(result.token_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
             },
         }
 
@@ -496,6 +528,29 @@ def _require_open(record: RolloutRecord) -> None:
         "only finish is accepted",
         code="rollout_closed",
     )
+
+
+def _logprobs(
+    renderer: ChatRenderer, ids: list[int], logprobs: list[float], stopped: bool
+) -> dict[str, Any]:
+    """OpenAI's `choice.logprobs` of the sampled tokens (tool-call markup included; the end of
+    turn token and tokens forced by `tool_choice` left out): each token's text, its UTF-8
+    bytes and the engine's logprob. `top_logprobs` is empty: the engine returns the sampled
+    token's logprob only (a request for more is refused)."""
+    if stopped and ids and renderer.eos_text and renderer.decode(ids[-1:]) == renderer.eos_text:
+        ids, logprobs = ids[:-1], logprobs[:-1]
+    content = []
+    for token_id, logprob in zip(ids, logprobs, strict=True):
+        token = renderer.decode([token_id])
+        content.append(
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [],
+            }
+        )
+    return {"content": content, "refusal": None}
 
 
 def _append(path: Path, line: str) -> None:
