@@ -35,4 +35,4 @@ def test_litellm_sees_a_context_window_error(tokenizer: Any, make_gw: Any, serve
         # the rollout is closed: asked again, it answers the same (a 400, not retried)
         with pytest.raises(litellm.ContextWindowExceededError):
             litellm.completion(**{**ask, "messages": [{"role": "user", "content": "Hi."}]})
-    assert gateway.trajectory("r-litellm").stop_reason == "max_prompt_tokens"
+        assert gateway.trajectory("r-litellm").stop_reason == "max_prompt_tokens"
