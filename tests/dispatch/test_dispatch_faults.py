@@ -11,6 +11,7 @@ import pytest
 from conveyor.bench.bound import makespan_bound
 from conveyor.dispatch import DispatchSettings, make_dispatcher
 from conveyor.dispatch.base import Dispatcher
+from conveyor.dispatch.job import INFRA_RETRY_ROLE
 from conveyor.engines.base import EngineDown, EngineError
 from conveyor.sim.engine import SimEngine
 from conveyor.sim.stages import SimEnvironment
@@ -101,6 +102,15 @@ def test_every_rollout_accounted_for_with_the_right_status(strategy: str) -> Non
         index = int(trajectory.task_id.rsplit("-", 1)[1])
         status, retries = expected_outcome(FAULTY, seed, index, trajectory.sample_index)
         assert (str(trajectory.status), trajectory.counters["infra_retries"]) == (status, retries)
+        # why each attempt was retried is in the record, not only the count
+        reasons = [m["content"] for m in trajectory.messages if m["role"] == INFRA_RETRY_ROLE]
+        stages = [
+            "init"
+            if plan_rollout(FAULTY, seed, index, trajectory.sample_index, a).init_fails
+            else "reward"
+            for a in range(retries)
+        ]
+        assert [r.split(" stage")[0].split(": ")[-1] for r in reasons] == stages, reasons
         if trajectory.status is Status.INFRA_ERROR:
             assert trajectory.reward is None  # never scored
         else:

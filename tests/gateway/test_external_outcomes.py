@@ -39,6 +39,8 @@ reply = post(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
 if mode == "answer":
     print(post(rollout + "/tools/finish", {"answer": sys.argv[2]}))
     post(rollout + "/finish", {})
+elif mode == "reward":
+    post(rollout + "/finish", {"reward": float(sys.argv[2])})
 elif mode == "sleep":
     import time; time.sleep(60)
 elif mode == "crash":
@@ -202,3 +204,59 @@ def test_scripted_oracle_agent_is_identical_to_native_over_many_turns(
             m for m in b.messages if m["role"] == "tool"
         ]
         assert b.counters["splits"] == 0 and b.status is Status.OK
+
+
+def test_concurrent_rollouts_share_the_one_gateway_server(tokenizer: Any, tmp_path: Path) -> None:
+    """Rollouts started together once raced the server's start: all but the first raised
+    "serves one event loop" and were retried as infrastructure faults."""
+    stages = _stages(tokenizer, tmp_path, _engine(tokenizer), "answer", "-1.5")
+    tasks = stages.family("arithmetic").make_tasks(3, 0, "eval")
+
+    async def one(task: Any) -> Trajectory:
+        runtime = await stages.init(task, 0, 0)
+        try:
+            return await stages.reward(task, await stages.run(task, 0, runtime), runtime)
+        finally:
+            await runtime.close()
+
+    async def main() -> list[Trajectory]:
+        try:
+            return list(await asyncio.gather(*(one(task) for task in tasks)))
+        finally:
+            await stages.close()
+
+    trajectories = asyncio.run(main())
+    assert [t.status for t in trajectories] == [Status.OK] * 3
+    assert [t.task_id for t in trajectories] == [t.id for t in tasks]
+
+
+def test_reward_the_program_sends_is_kept_but_the_family_grades(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """The program is the policy: on a family that grades, its `finish` reward is recorded
+    (metric `agent_reward`) and never becomes the reward."""
+    trajectory = _rollout(_stages(tokenizer, tmp_path, _engine(tokenizer), "reward", "1.0"))
+    assert (trajectory.status, trajectory.stop_reason) == (Status.OK, EndReason.FINISH)
+    assert trajectory.reward == 0.0  # no answer submitted: the family's score
+    assert trajectory.metrics["agent_reward"] == 1.0
+
+
+def test_family_declaring_reward_from_agent_takes_the_program_reward(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """stand_in_agent_rewarded_family: arithmetic with `reward_from_agent = True` (a user's
+    own family would declare it; no built-in family does)."""
+
+    def agent_rewarded(*argv: str) -> ExternalAgentStages:
+        stages = _stages(tokenizer, tmp_path, _engine(tokenizer), *argv)
+        graded = stages.family("arithmetic")
+
+        class _AgentRewarded(type(graded)):  # type: ignore[misc]
+            reward_from_agent = True
+
+        stages._families["arithmetic"] = _AgentRewarded()
+        return stages
+
+    assert _rollout(agent_rewarded("reward", "0.75")).reward == 0.75
+    crashed = _rollout(agent_rewarded("crash"))  # no reward sent: nothing earned
+    assert crashed.status is Status.POLICY_ERROR and crashed.reward == 0.0

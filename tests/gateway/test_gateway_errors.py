@@ -75,7 +75,7 @@ def test_unknown_rollout_is_404_everywhere(url: str) -> None:
             client.models.retrieve("m")
 
 
-def test_finished_rollout_refuses_chat_tools_and_finish_with_409(url: str) -> None:
+def test_finished_rollout_refuses_chat_with_400_and_a_second_finish_with_409(url: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         created = http.post("/rollouts", json={}).json()
         rid = created["rollout_id"]
@@ -89,25 +89,26 @@ def test_finished_rollout_refuses_chat_tools_and_finish_with_409(url: str) -> No
         done = http.post(f"/rollouts/{rid}/finish", json={"reward": 0.5})
         assert done.status_code == 200 and done.json()["reward"] == 0.5
         assert _error(http.post(f"/rollouts/{rid}/finish", json={"reward": 1.0}), 409)
-        with pytest.raises(openai.ConflictError):
+        # a 400 (the openai SDK retries a 409), and told not to retry
+        with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+        assert caught.value.code == "rollout_finished"
+        assert caught.value.response.headers["x-should-retry"] == "false"
         assert (
             _error(http.post("/rollouts", json={"rollout_id": rid}), 409)["code"]
             == "rollout_exists"
         )
 
 
-def test_stream_n_and_garbage_bodies_are_400(url: str) -> None:
-    client = openai.OpenAI(base_url=f"{url}/rollouts/r-stream/v1", api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="m", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
-    assert "stream" in str(caught.value)
+def test_bad_stream_fields_n_and_garbage_bodies_are_400(url: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as http:
         chat = "/rollouts/r-stream/v1/chat/completions"
         assert (
-            _error(http.post(chat, json={"messages": MESSAGES, "stream": True}), 400)["param"]
+            _error(http.post(chat, json={"messages": MESSAGES, "stream": "yes"}), 400)["param"]
             == "stream"
         )
+        unstreamed = {"messages": MESSAGES, "stream_options": {"include_usage": True}}
+        assert _error(http.post(chat, json=unstreamed), 400)["param"] == "stream_options"
         assert _error(http.post(chat, json={"messages": MESSAGES, "n": 2}), 400)["param"] == "n"
         garbage = http.post(
             chat, content=b"{not json", headers={"content-type": "application/json"}
@@ -164,6 +165,93 @@ def test_prompt_over_budget_is_400_and_ends_the_rollout_truncated(
         assert trajectory["stop_reason"] == "max_prompt_tokens"
 
 
+# What litellm matches (lower-cased) to raise `ContextWindowExceededError` for an OpenAI or
+# OpenAI-compatible provider: `ExceptionCheckers.is_error_str_context_window_exceeded` in
+# litellm/litellm_core_utils/exception_mapping_utils.py (litellm is not a dependency here).
+LITELLM_CONTEXT_PHRASE = "this model's maximum context length is"
+
+
+def test_context_error_is_openais_and_every_retry_gets_it_once(
+    tokenizer: Any, make_gw: Any, serve: Any
+) -> None:
+    """An over-long prompt answers as OpenAI does (shape, code, words litellm classifies); the
+    rollout is closed, and a client that retries anyway gets the same answer, once per call
+    (`x-should-retry: false` stops the SDK's own retries)."""
+    from conveyor.config import AgentConfig
+
+    agent = AgentConfig(max_prompt_tokens=20, max_context_tokens=64, max_completion_tokens=16)
+    gateway = make_gw(_engine(tokenizer), agent=agent)
+    calls: list[str] = []
+    chat = gateway.chat
+
+    async def counted(rollout_id: str, body: Any) -> Any:
+        calls.append(rollout_id)
+        return await chat(rollout_id, body)
+
+    gateway.chat = counted
+    with serve(gateway) as url:
+        client = openai.OpenAI(base_url=f"{url}/rollouts/r-ctx/v1", api_key="x", max_retries=3)
+        long = [{"role": "user", "content": "word " * 50}]
+        for _ in range(2):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(model="m", messages=long)  # type: ignore[arg-type]
+            error = caught.value.body
+            assert isinstance(error, dict)
+            assert (error["type"], error["code"], error["param"]) == (
+                "invalid_request_error",
+                "context_length_exceeded",
+                "messages",
+            )
+            assert LITELLM_CONTEXT_PHRASE in error["message"].lower()
+            assert caught.value.response.headers["x-should-retry"] == "false"
+        assert len(calls) == 2  # one request per call: the SDK retried none
+        trajectory = httpx.get(f"{url}/rollouts/r-ctx").json()
+        assert (trajectory["status"], trajectory["stop_reason"]) == (
+            "truncated",
+            "max_prompt_tokens",
+        )
+
+
+BROKEN = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"word": '
+
+
+def test_broken_tool_call_returns_the_model_text_as_content(
+    tokenizer: Any, make_gw: Any, serve: Any
+) -> None:
+    """A call the parser cannot read leaves the model's words visible (not `content: ""`); the
+    raw text is what is recorded, and the resent reply continues the same sample."""
+    end = tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    broken = tokenizer.encode(BROKEN, add_special_tokens=False)
+    engine = SimulatedEngine(lambda _prompt: broken + end, eos_token_id=end[0])
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    gateway = make_gw(engine)
+    with serve(gateway) as url:
+        client = openai.OpenAI(base_url=f"{url}/rollouts/r-bad/v1", api_key="x", max_retries=0)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Define cat."}]
+        reply = client.chat.completions.create(model="m", messages=messages, tools=tools)  # type: ignore[arg-type]
+        choice = reply.choices[0]
+        assert choice.message.content == BROKEN.strip()
+        assert not choice.message.tool_calls and choice.finish_reason == "stop"
+        # cut by the length limit inside the call: the partial text, finish_reason "length"
+        cut = len(broken) - 2
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Again."},
+        ]
+        short = client.chat.completions.create(
+            model="m",
+            messages=messages,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            max_tokens=cut,
+        )
+        assert short.choices[0].finish_reason == "length"
+        assert short.choices[0].message.content == tokenizer.decode(broken[:cut]).strip()
+    recorded = gateway.trajectory("r-bad")
+    assert recorded.counters["parse_errors"] == 2 and recorded.counters["splits"] == 0
+    assistant = [m["content"] for m in recorded.messages if m["role"] == "assistant"]
+    assert assistant == [BROKEN, tokenizer.decode(broken[: len(broken) - 2])]
+
+
 def test_fake_engine_failure_is_502_and_an_infra_error_on_disk(
     tmp_path: Any, make_gw: Any, serve: Any
 ) -> None:
@@ -172,6 +260,8 @@ def test_fake_engine_failure_is_502_and_an_infra_error_on_disk(
         with pytest.raises(openai.InternalServerError) as caught:
             client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
         assert "infra_error" in str(caught.value)
+        # the rollout is recorded as failed: a retry cannot mend it
+        assert caught.value.response.headers["x-should-retry"] == "false"
         trajectory = httpx.get(f"{url}/rollouts/r-down").json()
         assert trajectory["status"] == Status.INFRA_ERROR.value
         assert "fake_engine_failure" in trajectory["error"]
@@ -237,6 +327,6 @@ def test_fake_runtime_failure_in_a_tool_is_502_and_an_infra_error(
         )
         with pytest.raises(GatewayError) as again:
             await gateway.chat("r-rt", {"messages": MESSAGES})
-        assert again.value.status == 409
+        assert again.value.status == 400
 
     asyncio.run(main())

@@ -5,7 +5,8 @@ rollout is fixed here, so every strategy has the same guarantees:
 
 - init/reward failures and overruns, engine and runtime failures are infrastructure faults: the
   runtime is closed and the whole rollout starts again from init with a fresh runtime, up to
-  `max_infra_retries` times, then it is recorded as `infra_error`;
+  `max_infra_retries` times, then it is recorded as `infra_error`; why each attempt was retried
+  is logged and kept in the record (`_meta` messages of role `infra_retry`);
 - a run-stage overrun is the policy's: status `timeout`, still scored by the reward stage;
 - at most `max_live_runtimes` runtimes are alive at once, counted from init start to close end;
 - every runtime is closed, on success, failure and cancellation, and every scheduled rollout is
@@ -29,7 +30,7 @@ from typing import Any, ClassVar, Protocol
 
 from conveyor.dispatch.config import DispatchSettings
 from conveyor.dispatch.first_turn import FirstTurns
-from conveyor.dispatch.job import RolloutJob, Stage, cancel_and_wait
+from conveyor.dispatch.job import RolloutJob, Stage, cancel_and_wait, retry_records
 from conveyor.dispatch.limiter import AdjustableLimit
 from conveyor.dispatch.stages import FirstTurnStages, RolloutStages
 from conveyor.dispatch.telemetry import Telemetry
@@ -271,6 +272,14 @@ class Dispatcher:
             if job.attempt >= self.settings.max_infra_retries:
                 self._emit_infra_error(job, str(fault))
                 return None
+            logger.warning(
+                "rollout %s/%d: attempt %d is retried: %s",
+                job.task.id,
+                job.sample_index,
+                job.attempt,
+                fault,
+            )
+            job.retry_reasons.append(str(fault))
             job.attempt += 1
             job.ready_at = self.now()
             # the record (and `auto`'s latencies) describe the attempt that counts: a stage end
@@ -410,6 +419,7 @@ class Dispatcher:
                 update={
                     "timings": {**trajectory.timings, **job.timings},
                     "counters": {**trajectory.counters, "infra_retries": job.attempt},
+                    "messages": [*trajectory.messages, *retry_records(job.retry_reasons)],
                 }
             ),
             job,
@@ -428,6 +438,7 @@ class Dispatcher:
             status=Status.INFRA_ERROR,
             stop_reason=stop_reason,
             error=error,
+            messages=retry_records(job.retry_reasons),
             timings=dict(job.timings),
             counters={"infra_retries": job.attempt},
         )

@@ -10,7 +10,10 @@ from enum import IntEnum
 from typing import Any
 
 from conveyor.runtime.base import Runtime
-from conveyor.types import Task, Trajectory
+from conveyor.types import Message, Task, Trajectory
+
+# The role of the `_meta` message that records one infrastructure retry in a trajectory.
+INFRA_RETRY_ROLE = "infra_retry"
 
 
 class Stage(IntEnum):
@@ -34,8 +37,19 @@ class RolloutJob:
     next_stage: Stage | None = Stage.INIT
     ready_at: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # Why each earlier attempt was retried, in order: kept in the record (`retry_records`).
+    retry_reasons: list[str] = field(default_factory=list)
     head: asyncio.Task[object] | None = None  # the first turn, started beside init
     head_slot: Callable[[], None] | None = None  # gives the first turn's engine place back
+
+
+def retry_records(reasons: list[str]) -> list[Message]:
+    """The `_meta` messages that keep why each attempt of a rollout was retried, so the run's
+    records (rollouts.jsonl, trajectories.jsonl) say it and not only the `infra_retries` count."""
+    return [
+        {"role": INFRA_RETRY_ROLE, "content": f"attempt {i} retried: {reason}", "_meta": True}
+        for i, reason in enumerate(reasons)
+    ]
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:

@@ -15,11 +15,13 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from conveyor.gateway.chat_request import parse_chat_request
 from conveyor.gateway.errors import GatewayError, bad_request
 from conveyor.gateway.service import Gateway
+from conveyor.gateway.streaming import completion_chunks, sse_events
 from conveyor.types import Task
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,13 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         return JSONResponse(await gateway.call_tool(rid, body["name"], body.get("arguments", {})))
 
     async def chat(request: Request) -> Response:
-        answer = await gateway.chat(request.path_params["rid"], await _json(request))
+        asked = parse_chat_request(await _json(request))
+        answer = await gateway.chat(request.path_params["rid"], asked)
+        if asked.stream:
+            # sampled and recorded whole: an error is still a plain JSON answer, as OpenAI's
+            # are before its stream starts
+            chunks = completion_chunks(answer, include_usage=asked.include_usage)
+            return StreamingResponse(sse_events(chunks), media_type="text/event-stream")
         return JSONResponse(answer)
 
     async def models(request: Request) -> Response:
@@ -143,7 +151,7 @@ async def _json(request: Request, *, allow_empty: bool = False) -> Any:
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

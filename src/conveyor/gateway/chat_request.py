@@ -32,19 +32,35 @@ class ChatRequest:
     temperature: float | None
     top_p: float | None
     seed: int | None
+    # Sent as SSE chunks (`streaming`); recorded exactly as a whole reply.
+    stream: bool = False
+    include_usage: bool = False
+    # "auto", "none", "required" or the name of the one function to call.
+    tool_choice: str = "auto"
+    named_tool: bool = False
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Check a decoded request body; `GatewayError` (400) naming the field that is wrong."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    if body.get("stream"):
-        raise bad_request(
-            "stream=true is not supported: the gateway answers whole completions only; "
-            "send stream=false",
-            param="stream",
-            code="stream_not_supported",
-        )
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request(f"stream must be a boolean, got {stream!r}", param="stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise bad_request(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        usage = options.get("include_usage") if isinstance(options, dict) else None
+        if not isinstance(options, dict) or not isinstance(usage, bool | None):
+            raise bad_request(
+                f"stream_options must be {{'include_usage': bool}}, got {options!r}",
+                param="stream_options",
+            )
     n = body.get("n", 1)
     if n not in (1, None):
         raise bad_request(f"n={n!r} is not supported; one choice per request", param="n")
@@ -61,6 +77,24 @@ def parse_chat_request(body: Any) -> ChatRequest:
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
         raise bad_request(f"tool names must be unique, got {names}", param="tools")
+    tool_choice, named = _tool_choice(body.get("tool_choice"), names)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise bad_request(f"logprobs must be a boolean, got {logprobs!r}", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= 20):
+        raise bad_request(
+            f"top_logprobs must be an integer in [0, 20], got {top!r}", param="top_logprobs"
+        )
+    if top and not logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    if top:
+        raise bad_request(
+            "top_logprobs > 0 is not supported: the engine returns the logprob of each sampled "
+            "token only; send top_logprobs 0 or leave it out",
+            param="top_logprobs",
+            code="unsupported_value",
+        )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
         raise bad_request(
@@ -73,7 +107,57 @@ def parse_chat_request(body: Any) -> ChatRequest:
         temperature=_number(body, "temperature", low=0.0),
         top_p=_number(body, "top_p", low=0.0, high=1.0),
         seed=_seed(body.get("seed")),
+        stream=bool(stream),
+        include_usage=bool((options or {}).get("include_usage")),
+        tool_choice=tool_choice,
+        named_tool=named,
+        stop=_stop(body.get("stop")),
+        logprobs=bool(logprobs),
     )
+
+
+def _tool_choice(choice: Any, names: list[str]) -> tuple[str, bool]:
+    """`tool_choice` as (mode or function name, whether it names a function)."""
+    if choice is None:
+        return "auto", False
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not names:
+            raise bad_request(
+                "tool_choice 'required' needs tools", param="tool_choice", code="invalid_value"
+            )
+        return choice, False
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not name:
+        raise bad_request(
+            "tool_choice must be 'auto', 'none', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}",
+            param="tool_choice",
+        )
+    if name not in names:
+        raise bad_request(
+            f"tool_choice names {name!r}, which is not one of the tools {names}",
+            param="tool_choice",
+            code="invalid_value",
+        )
+    return str(name), True
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    """`stop`: a string or up to 4 strings, none empty."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or len(stops) > 4
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise bad_request(
+            f"stop must be a non-empty string or a list of up to 4 of them, got {stop!r}",
+            param="stop",
+        )
+    return tuple(stops)
 
 
 def check_tool_schema(index: int, schema: Any) -> None:

@@ -25,23 +25,25 @@ def internal_messages(
     """OpenAI messages -> our rendering form, and their normal forms for comparison.
 
     A tool reply is named after the call its `tool_call_id` answers; an assistant message we
-    sampled is its raw text, one we did not is written in the model's tool-call format.
+    sampled is its raw text (found by where it stands, `ReplyIndex`, never by how it looks),
+    one we did not is written in the model's tool-call format.
     """
     names = dict(record.call_names)
     internal: list[Message] = []
-    normal: list[tuple[Any, ...]] = []
-    for index, message in enumerate(messages):
-        form = normal_message(message)
-        normal.append(form)
+    normal = [normal_message(message) for message in messages]
+    sampled = record.replies.resolve(normal)
+    for index, (message, form) in enumerate(zip(messages, normal, strict=True)):
         role, content = form[0], form[1]
         if role == "assistant":
             for call in message.get("tool_calls") or []:
                 names[call.get("id", "")] = call["function"]["name"]
-            raw = record.raw_assistant.get(form)
+            reply = sampled.get(index)
             internal.append(
                 {
                     "role": "assistant",
-                    "content": raw if raw is not None else assistant_text(index, message, renderer),
+                    "content": reply.raw
+                    if reply is not None
+                    else assistant_text(index, message, renderer),
                 }
             )
         elif role == "tool":

@@ -11,7 +11,9 @@ in the runtime's workspace folder where it has one, for at most `agent.rollout_t
 The trajectory is what the gateway recorded. The program is the policy: it finishing is `ok`,
 running out of time is `timeout`, exiting non-zero without finishing is `policy_error`; an
 engine or runtime failure seen by the gateway is raised as an infra error. `reward` is the
-family's score of the submitted answer, as for the native agent.
+family's score of the submitted answer, as for the native agent (the reward the program sends
+is kept beside it as the metric `agent_reward`), unless the family declares
+`reward_from_agent = True`: then the program's `finish` reward is the reward.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class ExternalAgentStages:
         self.gateway = Gateway(client, make_renderer, agent, sampling, families=self._families)
         self._server: GatewayServer | None = None
         self._server_loop: asyncio.AbstractEventLoop | None = None
+        self._server_lock: asyncio.Lock | None = None
 
     @classmethod
     def from_config(
@@ -101,22 +104,31 @@ class ExternalAgentStages:
         return self._families[name]
 
     async def server(self) -> GatewayServer:
-        """The in-process gateway server, started on first use in the running loop."""
+        """The in-process gateway server, started on first use in the running loop.
+
+        Concurrent rollouts of one dispatcher ask for it at once: the loop is claimed before
+        the first start is awaited and the start is behind a lock, so they all get the one
+        server (the loop was once set only after the start, and every rollout that asked during
+        it failed as "serves one event loop", retried as an infrastructure fault)."""
         loop = asyncio.get_running_loop()
-        if self._server is not None and self._server_loop is not loop:
+        if self._server_loop is None or self._server_lock is None:
+            self._server_loop, self._server_lock = loop, asyncio.Lock()
+        elif self._server_loop is not loop:
             raise RuntimeError("ExternalAgentStages serves one event loop; close() it first")
-        if self._server is None:
-            self._server = GatewayServer(self.gateway)
-            await self._server.start()
-            self._server_loop = loop
-        return self._server
+        async with self._server_lock:
+            if self._server is None:
+                server = GatewayServer(self.gateway)
+                await server.start()  # a failed start leaves none: the next caller tries again
+                self._server = server
+            return self._server
 
     async def close(self) -> None:
         """Stop the gateway server and close this stage set's own warm runtimes
         (idempotent)."""
-        if self._server is not None:
-            await self._server.stop()
-            self._server = self._server_loop = None
+        server, self._server = self._server, None
+        self._server_loop = self._server_lock = None
+        if server is not None:
+            await server.stop()
         if self._owns_starts:
             await self.starts.close()
 
@@ -196,9 +208,22 @@ class ExternalAgentStages:
         return self.gateway.trajectory(record.rollout_id)
 
     async def reward(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Trajectory:
-        """The family's score of the submitted answer (every status but infra_error)."""
+        """The reward of every status but infra_error: the family's score of the submitted
+        answer, or, for a family that declares `reward_from_agent = True`, the reward the
+        program sent with `finish` (0.0 when it sent none).
+
+        The program is the policy, so on a family that grades its own tasks the reward it
+        sends is never trusted: it is kept as the metric `agent_reward` (to compare with the
+        grader's) and the family grades as for the native agent."""
         if trajectory.status is Status.INFRA_ERROR:
             return trajectory
+        family = self.family(task.family)
+        sent = trajectory.reward  # the gateway records only the program's `finish` reward
+        if getattr(family, "reward_from_agent", False):
+            return trajectory.model_copy(update={"reward": 0.0 if sent is None else sent})
         with self.starts.active():
-            score = await self.family(task.family).score(task, final_answer(trajectory), runtime)
-        return trajectory.model_copy(update={"reward": score})
+            score = await family.score(task, final_answer(trajectory), runtime)
+        metrics = (
+            trajectory.metrics if sent is None else {**trajectory.metrics, "agent_reward": sent}
+        )
+        return trajectory.model_copy(update={"reward": score, "metrics": metrics})

@@ -37,6 +37,63 @@ class LastTurn:
     length_reason: EndReason
 
 
+@dataclass(frozen=True)
+class SampledReply:
+    """One reply the gateway sampled: the raw text (markup included) and the turn it came from."""
+
+    turn: int
+    raw: str
+    visible: tuple[Any, ...]
+
+
+@dataclass
+class ReplyIndex:
+    """The replies sampled in a rollout, found again by where they stand in a conversation.
+
+    Two replies can look the same to the client (two empty replies, the same words with
+    different whitespace or a broken tool call around them) while the model wrote different
+    text; keyed by visible content, the later would stand in for the earlier in every prompt
+    re-rendered after a split. So a reply is keyed by its path: the normal forms of the whole
+    conversation it answered plus itself, in a prefix tree of every conversation returned. A
+    resent message found on no returned path (the client dropped or rewrote something before
+    it) falls back to the sampled replies that look like it, in the order they were sampled,
+    each used once per conversation: the n-th such message is the n-th such reply.
+    """
+
+    replies: list[SampledReply] = field(default_factory=list)
+    _children: dict[tuple[int, tuple[Any, ...]], int] = field(default_factory=dict)
+    _reply_at: dict[int, int] = field(default_factory=dict)
+
+    def add(self, history: list[tuple[Any, ...]], raw: str, turn: int) -> None:
+        """Record a reply; `history` is the conversation in normal form ending with it."""
+        node = 0
+        for form in history:
+            node = self._children.setdefault((node, form), len(self._children) + 1)
+        self._reply_at[node] = len(self.replies)
+        self.replies.append(SampledReply(turn=turn, raw=raw, visible=history[-1]))
+
+    def resolve(self, normal: list[tuple[Any, ...]]) -> dict[int, SampledReply]:
+        """Message index -> the sampled reply it stands for, for the assistant messages of a
+        resent conversation that are ours."""
+        found: dict[int, SampledReply] = {}
+        used: set[int] = set()
+        node: int | None = 0
+        for index, form in enumerate(normal):
+            node = self._children.get((node, form)) if node is not None else None
+            if form[0] != "assistant":
+                continue
+            reply = self._reply_at.get(node) if node is not None else None
+            if reply is None or reply in used:
+                reply = next(
+                    (i for i, r in enumerate(self.replies) if r.visible == form and i not in used),
+                    None,
+                )
+            if reply is not None:
+                used.add(reply)
+                found[index] = self.replies[reply]
+        return found
+
+
 @dataclass
 class RolloutRecord:
     """Everything the gateway keeps for one rollout id."""
@@ -52,14 +109,17 @@ class RolloutRecord:
     tools_key: str = ""
     # The conversation of the current sample in normal form (`chat_request.normal_message`).
     history: list[tuple[Any, ...]] = field(default_factory=list)
-    # Assistant messages as returned (normal form) -> the raw sampled text they stand for.
-    raw_assistant: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    # Every reply sampled, with its raw text, keyed by the conversation it answered.
+    replies: ReplyIndex = field(default_factory=ReplyIndex)
     call_names: dict[str, str] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last: LastTurn | None = None
     state: RolloutState = RolloutState.OPEN
     closed_as: tuple[Status, EndReason] | None = None
+    # The refusal that closed it (a budget), answered again to every later chat request, so
+    # a client that retries classifies the retry as it did the first answer.
+    closed_by: Exception | None = None
     error: str | None = None
     # The engine or runtime exception that made this rollout an infra_error, if one did.
     infra_failure: BaseException | None = None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
-from conveyor.agent.loop import request_seed, sampled_turn
+from conveyor.agent.loop import request_seed
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
@@ -30,13 +30,20 @@ from conveyor.gateway.chat_request import (
     normal_message,
     parse_chat_request,
 )
+from conveyor.gateway.controls import forced_prefix, kept_before_stop, stop_strings
 from conveyor.gateway.conversation import advance, internal_messages
-from conveyor.gateway.errors import GatewayError, bad_request, conflict, not_found
+from conveyor.gateway.errors import (
+    GatewayError,
+    bad_request,
+    conflict,
+    context_length_exceeded,
+    not_found,
+)
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
-from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory
+from conveyor.types import EndReason, Status, StopReason, Task, ToolCall, Trajectory, Turn
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -155,6 +162,7 @@ class Gateway:
                         f"the runtime failed to start: {exc}",
                         type="server_error",
                         code="runtime_error",
+                        retry=True,  # nothing was recorded: a new try starts afresh
                     ) from exc
             record.runtime, record.owns_runtime = runtime, owns
             record.ctx = ToolContext(task=task, runtime=runtime)
@@ -188,18 +196,20 @@ class Gateway:
     # -- chat ----------------------------------------------------------------------------------
 
     async def chat(self, rollout_id: str, body: Any) -> dict[str, Any]:
-        """One chat completion in a rollout (created on its first request)."""
-        request = parse_chat_request(body)
+        """One chat completion in a rollout (created on its first request); `body` is the
+        decoded request body, or a `ChatRequest` already checked."""
+        request = body if isinstance(body, ChatRequest) else parse_chat_request(body)
         record = self.rollouts.get(rollout_id) or await self.create(rollout_id)
         async with record.lock:
             _require_open(record)
             if len(record.turns) >= self.agent.max_turns:
-                await self._close(record, Status.TRUNCATED, EndReason.MAX_TURNS)
-                raise bad_request(
+                error = bad_request(
                     f"the rollout used all {self.agent.max_turns} turns (agent.max_turns); "
                     "it ended truncated",
                     code="max_turns",
                 )
+                await self._close(record, Status.TRUNCATED, EndReason.MAX_TURNS, error)
+                raise error
             renderer = self._renderer(request.tools)
             internal, normal = internal_messages(record, request.messages, renderer)
             prompt = advance(record, request, renderer, internal, normal)
@@ -215,23 +225,22 @@ class Gateway:
     async def _check_budget(self, record: RolloutRecord, prompt: list[int]) -> None:
         agent = self.agent
         if len(prompt) > agent.max_prompt_tokens:
-            reason, limit = (
+            reason, limit, setting = (
                 EndReason.MAX_PROMPT_TOKENS,
-                f"agent.max_prompt_tokens={agent.max_prompt_tokens}",
+                agent.max_prompt_tokens,
+                "agent.max_prompt_tokens",
             )
         elif len(prompt) >= agent.max_context_tokens:
-            reason, limit = (
+            reason, limit, setting = (
                 EndReason.MAX_CONTEXT_TOKENS,
-                f"agent.max_context_tokens={agent.max_context_tokens}",
+                agent.max_context_tokens,
+                "agent.max_context_tokens",
             )
         else:
             return
-        await self._close(record, Status.TRUNCATED, reason)
-        raise bad_request(
-            f"the prompt has {len(prompt)} tokens, over {limit}; the rollout ended truncated",
-            param="messages",
-            code="context_length_exceeded",
-        )
+        error = context_length_exceeded(len(prompt), limit, setting)
+        await self._close(record, Status.TRUNCATED, reason, error)
+        raise error
 
     async def _sample(
         self,
@@ -253,9 +262,10 @@ class Gateway:
             if request.seed is not None
             else request_seed(self.sampling.sampling_seed, record.session, turn_index)
         )
+        forced = renderer.encode(forced_prefix(request, renderer.tool_format))
         sample = SampleRequest(
-            prompt_ids=prompt,
-            max_tokens=min(cap, room),
+            prompt_ids=prompt + forced,
+            max_tokens=max(1, min(cap, room) - len(forced)),
             temperature=self.sampling.temperature if temperature is None else temperature,
             top_p=self.sampling.top_p if top_p is None else top_p,
             seed=seed,
@@ -279,9 +289,32 @@ class Gateway:
             ) from (exc if isinstance(exc, EngineError) else None)
         finally:
             record.engine_s += time.monotonic() - asked
-        stopped = result.finish_reason == StopReason.STOP
-        record.turns.append(sampled_turn(prompt, result, ledger.sample_index))
-        assistant = ledger.add_completion(result.token_ids, stopped_on_eos=stopped)
+        sampled, logprobs, finish = (
+            list(result.token_ids),
+            list(result.logprobs),
+            result.finish_reason,
+        )
+        kept = kept_before_stop(
+            sampled, stop_strings(request, renderer.tool_format), renderer.decode
+        )
+        if kept is not None:  # a stop string: the reply ends before it, as if it stopped there
+            sampled, logprobs, finish = sampled[:kept], logprobs[:kept], StopReason.STOP
+        stopped = finish == StopReason.STOP
+        # forced tokens (tool_choice) are part of the reply, never trained on
+        record.turns.append(
+            Turn(
+                prompt_ids=list(prompt),
+                completion_ids=forced + sampled,
+                completion_logprobs=[0.0] * len(forced) + logprobs,
+                loss_mask=[0] * len(forced) + [1] * len(sampled),
+                policy_version=result.policy_version,
+                stop_reason=finish,
+                sample_index=ledger.sample_index,
+            )
+        )
+        if forced:
+            record.bump("forced_tokens", len(forced))
+        assistant = ledger.add_completion(forced + sampled, stopped_on_eos=stopped)
         schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools
         }
@@ -305,29 +338,40 @@ class Gateway:
             }
             for i, c in enumerate(parsed.calls)
         ]
+        # A call the parser could not read (malformed, or cut off by the length limit) is not
+        # dropped from sight: as an OpenAI-compatible server does, the reply's content is then
+        # the model's whole text, so the client sees what the policy wrote.
+        content = assistant["content"].strip() if parsed.errors else parsed.content
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": parsed.content if parsed.content or not tool_calls else None,
+            "content": content if content or not tool_calls else None,
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
         returned = normal_message(message)
         record.history = [*normal, returned]
-        record.raw_assistant[returned] = assistant["content"]
+        record.replies.add(record.history, assistant["content"], turn_index)
         record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
         finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
+        completion_tokens = len(forced) + len(sampled)
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish_reason,
+            "logprobs": _logprobs(renderer, sampled, logprobs, stopped)
+            if request.logprobs
+            else None,
+        }
         return {
             "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
-            ],
+            "choices": [choice],
             "usage": {
                 "prompt_tokens": len(prompt),
-                "completion_tokens": len(result.token_ids),
-                "total_tokens": len(prompt) + len(result.token_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
             },
         }
 
@@ -422,9 +466,16 @@ class Gateway:
                         record.closed_as = (Status.INFRA_ERROR, EndReason.UNSET)
             return await self._finalize(record)
 
-    async def _close(self, record: RolloutRecord, status: Status, reason: EndReason) -> None:
+    async def _close(
+        self,
+        record: RolloutRecord,
+        status: Status,
+        reason: EndReason,
+        error: GatewayError | None = None,
+    ) -> None:
         record.state = RolloutState.CLOSED
         record.closed_as = (status, reason)
+        record.closed_by = error
 
     async def _finalize(self, record: RolloutRecord) -> Trajectory:
         trajectory = record.build(self.agent.max_turns)
@@ -457,16 +508,49 @@ def check_rollout_id(rollout_id: str) -> None:
 
 
 def _require_open(record: RolloutRecord) -> None:
-    if record.state is RolloutState.FINISHED:
-        raise conflict(f"rollout {record.rollout_id!r} is finished")
-    if record.state is RolloutState.CLOSED:
-        assert record.closed_as is not None
-        status, reason = record.closed_as
-        raise conflict(
-            f"rollout {record.rollout_id!r} ended ({status.value}: {reason.value}); "
-            "only finish is accepted",
-            code="rollout_closed",
+    """A 400 for a rollout that takes no more turns: the client must stop, not retry (a 409 is
+    retried by the openai SDK). One a budget closed answers that budget's refusal again."""
+    if record.state is RolloutState.OPEN:
+        return
+    if record.state is RolloutState.CLOSED and isinstance(record.closed_by, GatewayError):
+        raise record.closed_by
+    if record.trajectory is not None:
+        status, reason = record.trajectory.status, record.trajectory.stop_reason
+        raise bad_request(
+            f"rollout {record.rollout_id!r} is finished ({status.value}: {reason.value}); "
+            "it takes no more requests",
+            code="rollout_finished",
         )
+    assert record.closed_as is not None
+    status, reason = record.closed_as
+    raise bad_request(
+        f"rollout {record.rollout_id!r} ended ({status.value}: {reason.value}); "
+        "only finish is accepted",
+        code="rollout_closed",
+    )
+
+
+def _logprobs(
+    renderer: ChatRenderer, ids: list[int], logprobs: list[float], stopped: bool
+) -> dict[str, Any]:
+    """OpenAI's `choice.logprobs` of the sampled tokens (tool-call markup included; the end of
+    turn token and tokens forced by `tool_choice` left out): each token's text, its UTF-8
+    bytes and the engine's logprob. `top_logprobs` is empty: the engine returns the sampled
+    token's logprob only (a request for more is refused)."""
+    if stopped and ids and renderer.eos_text and renderer.decode(ids[-1:]) == renderer.eos_text:
+        ids, logprobs = ids[:-1], logprobs[:-1]
+    content = []
+    for token_id, logprob in zip(ids, logprobs, strict=True):
+        token = renderer.decode([token_id])
+        content.append(
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [],
+            }
+        )
+    return {"content": content, "refusal": None}
 
 
 def _append(path: Path, line: str) -> None:

@@ -62,7 +62,13 @@ _DRAWS_PER_INSTANCE = 200
 
 @runtime_checkable
 class TaskFamily(Protocol):
-    """A generator of task instances plus the tools, runtime, scorer and oracle they need."""
+    """A generator of task instances plus the tools, runtime, scorer and oracle they need.
+
+    A family may set the class attribute `reward_from_agent = True` (not part of the protocol,
+    read with `getattr`): then an outside agent program's `finish` reward is the reward of its
+    rollouts (`gateway.external`), for tasks only that program can judge. Every other family
+    grades with `score`, whatever the program says.
+    """
 
     name: str
 
