@@ -213,12 +213,6 @@ class TorchTrainingEngine:
                 load_local_shards(model, model_dir, self.device)
         elif self.world_size > 1:
             raise ValueError("torch.distributed is initialised with several ranks: set fsdp: true")
-        # after sharding: on a sharded load the weights exist only now (forwards are
-        # collective then, every rank runs the same probes)
-        if settings.logits_chunk_tokens is not None:
-            self._check_chunked_head()
-        if settings.packing:
-            self._check_packing()
         self._params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params,
@@ -231,6 +225,14 @@ class TorchTrainingEngine:
             self.optimizer, lambda step: lr_factor(step, settings, total_steps)
         )
         self._version = 0
+        # The load probes run last: on a sharded load the weights exist only after sharding
+        # (the probes' forwards are then collective: every rank runs the same ones), and after
+        # an FSDP forward the root unit's parameters stay unsharded, so `model.parameters()`
+        # read then would hand the optimizer full tensors instead of the sharded ones.
+        if settings.logits_chunk_tokens is not None:
+            self._check_chunked_head()
+        if settings.packing:
+            self._check_packing()
 
     @property
     def policy_version(self) -> int:
