@@ -82,7 +82,7 @@ def parameters_on_meta() -> Iterator[None]:
             param = moved
         register(module, name, param)
 
-    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
