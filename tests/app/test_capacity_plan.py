@@ -51,6 +51,16 @@ def test_the_one_node_recipe_fits_eight_80gb_gpus() -> None:
     assert report["trainer"]["shards"] == 6
 
 
+def test_trainer_fsdp_ranks_sets_the_trainers_devices_and_is_refused_past_the_free_ones() -> None:
+    hardware = ["--nodes", "1", "--gpus-per-node", "8", "--gpu-memory-gib", "80", "--json"]
+    code, _, report = plan(str(SWE_GPU), "--set", "trainer.fsdp_ranks=4", *hardware)
+    assert code == 0 and report is not None
+    assert report["trainer"]["devices"] == [0, 1, 2, 3] and report["trainer"]["shards"] == 4
+    code, _, report = plan(str(SWE_GPU), "--set", "trainer.fsdp_ranks=7", *hardware)
+    assert code == 1 and report is not None
+    assert "trainer.fsdp_ranks" in [r["key"] for r in report["refusals"]]
+
+
 def test_the_four_node_recipe_fits_thirty_two_80gb_gpus() -> None:
     code, _, report = plan(
         str(SWE_GPU_4NODE),

@@ -11,10 +11,10 @@ this process (`engine.replicas: 1`, no `cluster.engine_resource`) runs on device
 to the trainer, at `COLOCATED_GPU_SHARE` of each, the trainer getting the rest; replicas (local
 servers: node 0; Ray replicas: anywhere) take the last `replicas x tensor_parallel_size`
 devices, at `REPLICA_GPU_SHARE` each, and nothing else goes there. The trainer: the built-in
-backend trains on device 0, or with `trainer.fsdp` shards over every device of node 0 that no
-replica holds (one rank a device); `ray_fsdp` runs `cluster.trainer_workers` ranks, one device
-each, on the first devices no replica holds. Other engine kinds and trainer backends run
-elsewhere and are not planned.
+backend trains on device 0, or with `trainer.fsdp` shards over `trainer.fsdp_ranks` devices of
+node 0 (default: every one no replica holds; one local rank process a device); `ray_fsdp` runs
+`cluster.trainer_workers` ranks, one device each, on the first devices no replica holds. Other
+engine kinds and trainer backends run elsewhere and are not planned.
 """
 
 from __future__ import annotations
@@ -252,7 +252,13 @@ def plan_memory(config: ConveyorConfig, hardware: Hardware) -> dict[str, Any]:
     if backend in ("builtin", "ray_fsdp") and on_gpu:
         if backend == "builtin":
             free = [d for d in range(per_node) if d not in exclusive]
-            wanted = len(free) if config.trainer.fsdp else 1
+            wanted = (config.trainer.fsdp_ranks or len(free)) if config.trainer.fsdp else 1
+            if wanted > len(free):
+                refuse(
+                    "trainer.fsdp_ranks",
+                    f"trainer.fsdp_ranks={wanted} needs {wanted} devices of node 0 and "
+                    f"{len(free)} are free of engine replicas",
+                )
             where = "this process" + (", FSDP over node 0's free devices" if wanted > 1 else "")
         else:
             free = [d for d in range(devices) if d not in exclusive]

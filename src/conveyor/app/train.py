@@ -194,7 +194,14 @@ _WARM_START_RL_KEYS = {
     "eval": ("tasks", "before_tasks", "temperature", "stop_halfwidth", "min_tasks"),
 }
 # Trainer settings that change how a step is computed, not what it computes.
-_TRAINER_MECHANICS = {"backend", "device", "fsdp", "gradient_checkpointing", "micro_batch_tokens"}
+_TRAINER_MECHANICS = {
+    "backend",
+    "device",
+    "fsdp",
+    "fsdp_ranks",
+    "gradient_checkpointing",
+    "micro_batch_tokens",
+}
 # Files of a run's warm start and its evaluations, copied by `rl.warm_start.from_run`.
 _WARM_START_FILES = (
     "eval_before.json",

@@ -141,7 +141,16 @@ class TrainerConfig(Section):
     )
     fsdp: bool = Field(
         default=False,
-        description="Shard the model with FSDP2 over the initialised torch.distributed group.",
+        description="Shard the model with FSDP2; each rank loads only its shard of the "
+        "safetensors checkpoint (no rank holds the whole model). On the built-in backend "
+        "the trainer then runs as trainer.fsdp_ranks local processes (gloo on CPU, NCCL and "
+        "one GPU each on CUDA), no Ray needed; under 'ray_fsdp' the Ray workers are the ranks.",
+    )
+    fsdp_ranks: int | None = Field(
+        default=None,
+        ge=1,
+        description="trainer.fsdp on the built-in backend: how many local rank processes to "
+        "shard over. null: one per visible CUDA GPU (a CPU trainer must set it).",
     )
     logits_chunk_tokens: int | None = Field(
         default=None,

@@ -50,16 +50,47 @@ class BuiltinBackend:
         self, config: ConveyorConfig, model_dir: Path, settings: TrainerConfig
     ) -> TrainingBackend:
         """`TorchTrainingEngine` on `model_dir`: its logits temperature is the sampling
-        temperature, and a decaying schedule spans `rl.steps`."""
+        temperature, and a decaying schedule spans `rl.steps`. With `trainer.fsdp` and no
+        process group in this process, `trainer.fsdp_ranks` local rank processes
+        (`conveyor.trainer.local_fsdp`)."""
         from conveyor.trainer.engine import TorchTrainingEngine
 
         temperature = config.sampling.temperature
-        return TorchTrainingEngine(
-            model_dir,
-            settings,
-            temperature=temperature if temperature > 0 else 1.0,
-            total_steps=max(config.rl.steps, 1) if settings.schedule != "constant" else None,
-        )
+        options: dict[str, Any] = {
+            "temperature": temperature if temperature > 0 else 1.0,
+            "total_steps": max(config.rl.steps, 1) if settings.schedule != "constant" else None,
+        }
+        if settings.fsdp and not _in_process_group():
+            from conveyor.trainer.local_fsdp import LocalFsdpTrainer
+
+            return LocalFsdpTrainer.start(
+                model_dir, settings, ranks=_default_ranks(config, settings), **options
+            )
+        return TorchTrainingEngine(model_dir, settings, **options)
+
+
+def _default_ranks(config: ConveyorConfig, settings: TrainerConfig) -> int | None:
+    """`trainer.fsdp_ranks`, else on CUDA this machine's GPUs less those local vLLM replica
+    servers take (the last `replicas x tensor_parallel_size`, as `conveyor plan` places them);
+    None leaves the choice (and a CPU trainer's refusal) to `local_fsdp.fsdp_ranks`."""
+    if settings.fsdp_ranks is not None or settings.device == "cpu":
+        return settings.fsdp_ranks
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    engine = config.engine
+    local_replicas = (
+        engine.kind == "vllm" and engine.replicas > 1 and config.cluster.engine_resource is None
+    )
+    held = engine.replicas * engine.tensor_parallel_size if local_replicas else 0
+    return max(torch.cuda.device_count() - held, 1)
+
+
+def _in_process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 register_backend("builtin", BuiltinBackend(), exports_model=True, warm_start=True)

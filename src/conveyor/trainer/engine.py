@@ -59,6 +59,7 @@ from conveyor.trainer.chunked import chunked_token_logprobs
 from conveyor.trainer.fsdp import all_reduce_floats, full_tensor, shard_model, world
 from conveyor.trainer.packing import pack
 from conveyor.trainer.policy_losses import build_loss
+from conveyor.trainer.sharded_load import build_on_meta, load_local_shards, safetensors_index
 from conveyor.types import TrainingSample
 
 __all__ = [
@@ -152,6 +153,13 @@ class TorchTrainingEngine:
     RNG before LoRA initialisation. Under `fsdp`, call every method on every rank.
     `temperature` divides the logits (the sampling temperature, so logprobs match the engine's);
     `total_steps` is the length of a decaying schedule (required unless it is constant).
+
+    Under `fsdp` the model loads shard by shard (`conveyor.trainer.sharded_load`): built on the
+    meta device, sharded, then each rank reads only its rows from the safetensors files, so no
+    rank holds the whole model. `sharded_load` False forces the full-load path there (every
+    rank loads the whole model, then shards it); None (the default) picks the sharded load
+    under `fsdp` unless LoRA is on (peft's adapter initialisation draws from the seeded RNG
+    over full tensors) or the folder has no safetensors checkpoint.
     """
 
     def __init__(
@@ -161,6 +169,7 @@ class TorchTrainingEngine:
         *,
         temperature: float = 1.0,
         total_steps: int | None = None,
+        sharded_load: bool | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -174,8 +183,13 @@ class TorchTrainingEngine:
         self.total_steps = total_steps
         self.device = resolve_device(settings.device)
         self._autocast_dtype = _autocast_dtype(settings, self.device)
+        self.sharded_load = _sharded_load(model_dir, settings, sharded_load)
         torch.manual_seed(settings.seed)
-        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model: Any
+        if self.sharded_load:
+            model = build_on_meta(model_dir, torch.float32)  # parameters on meta, buffers real
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         model.config.use_cache = False
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(
@@ -185,18 +199,18 @@ class TorchTrainingEngine:
             model = _add_lora(model, settings.lora, settings.train_last_layers)
         elif settings.train_last_layers is not None:
             _freeze_below(model, settings.train_last_layers)
-        model.to(self.device)
+        if not self.sharded_load:
+            model.to(self.device)
         self.model: nn.Module = model
         self._decoder: nn.Module | None = None
         self._head: nn.Linear | None = None
         if settings.logits_chunk_tokens is not None:
             self._decoder, self._head = _decoder_and_head(model)
-            self._check_chunked_head()
-        if settings.packing:
-            self._check_packing()
         self.rank, self.world_size = world()
         if settings.fsdp:
             shard_model(model, self.device)
+            if self.sharded_load:
+                load_local_shards(model, model_dir, self.device)
         elif self.world_size > 1:
             raise ValueError("torch.distributed is initialised with several ranks: set fsdp: true")
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -211,6 +225,14 @@ class TorchTrainingEngine:
             self.optimizer, lambda step: lr_factor(step, settings, total_steps)
         )
         self._version = 0
+        # The load probes run last: on a sharded load the weights exist only after sharding
+        # (the probes' forwards are then collective: every rank runs the same ones), and after
+        # an FSDP forward the root unit's parameters stay unsharded, so `model.parameters()`
+        # read then would hand the optimizer full tensors instead of the sharded ones.
+        if settings.logits_chunk_tokens is not None:
+            self._check_chunked_head()
+        if settings.packing:
+            self._check_packing()
 
     @property
     def policy_version(self) -> int:
@@ -729,6 +751,26 @@ def _micro_weight(reduction: str, micro: MicroBatch, counts: Sequence[int]) -> f
     if reduction == "seq_mean_token_mean":
         return float(sum(1 for i in micro.indices if counts[i]))
     return float(len(micro.indices))
+
+
+def _sharded_load(model_dir: Path | str, settings: TrainerConfig, requested: bool | None) -> bool:
+    """Whether to load shard by shard (`TorchTrainingEngine`'s docstring says when)."""
+    if requested is not None:
+        if requested and not settings.fsdp:
+            raise ValueError("a sharded load needs fsdp: true (the shards are FSDP's)")
+        if requested and settings.lora.enabled:
+            raise ValueError("a sharded load does not support LoRA (adapters initialise in full)")
+        return requested
+    if not settings.fsdp or settings.lora.enabled:
+        return False
+    if safetensors_index(model_dir) is None:
+        warnings.warn(
+            f"{model_dir} has no safetensors checkpoint: every FSDP rank loads the whole model "
+            "before sharding it",
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def native_bf16(device: torch.device) -> bool:

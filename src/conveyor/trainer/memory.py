@@ -11,6 +11,11 @@ What is counted (docs/scale.md, "Memory plan"):
   (torch keeps gradients and moments in it): 16 bytes a parameter for float32 (the built-in
   trainer), 8 for bfloat16 (the GPU check). Only trainable parameters have gradients and
   moments (LoRA, `trainer.train_last_layers`).
+- **Loading** adds nothing above that state under FSDP: each rank builds the model on the
+  meta device and reads only its shard from the safetensors files (`trainer/sharded_load.py`;
+  docs/scale.md, "Sharded load and one-box FSDP"). Not counted: the full-load path (LoRA under
+  FSDP, a checkpoint without safetensors) holds a whole float32 copy on every rank while it
+  shards it, 4 bytes a parameter on top of the shard, before gradients and moments exist.
 - **Autocast copies**: float32 parameters under bf16 autocast (the built-in trainer) are cast
   once per forward and autocast keeps every cast until the forward ends: 2 bytes a parameter.
 - **Activations** at `tokens` positions a pass. With per-layer checkpointing: each layer's
