@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,7 +149,10 @@ def test_a_failed_probe_makes_dispatched_rollouts_infra_errors_retried__fake_bwr
     """The policy works in the local runtime; the grader's sandbox, which the row's canary
     validation (in init) and its grading (in reward) need, cannot start: retried once, then an
     infra error that says why, and the graded code never ran."""
-    marker = tmp_path / "marker"
+    # A marker path no earlier run used: the row (its patch names the marker) then has no cached
+    # canary validation under ~/.cache, which a recycled pytest tmp path once matched (CI found
+    # init passing from that cache and only the reward stage failing).
+    marker = tmp_path / f"marker-{uuid.uuid4().hex}"
     row = _marker_row(marker)
     write_rows(tmp_path / "rows.jsonl", [row])
     overrides = [
