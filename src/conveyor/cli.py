@@ -177,28 +177,90 @@ def doctor(
 
 @app.command("eval")
 def eval_command(
-    config: Annotated[Path, typer.Argument(help="A YAML config file.")],
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A YAML config file (optional with --benchmark: model, engine and "
+            "sampling then default)."
+        ),
+    ] = None,
     set_: SetOption = None,
+    benchmark: Annotated[
+        str | None,
+        typer.Option(
+            help="Run a benchmark's upstream protocol instead of the config's tasks: "
+            "'humaneval' or 'rg' (docs/domains.md, 'Benchmark mode'); writes benchmark.json."
+        ),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="'model' (the configured engine), or a scripted policy through the real loop "
+            "and grader, no engine: 'oracle' (the family's oracle) or 'empty' (an empty reply)."
+        ),
+    ] = "model",
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            help="--benchmark only: the first N tasks (makes the number incomparable).", min=1
+        ),
+    ] = None,
+    allow_incomparable: Annotated[
+        bool,
+        typer.Option(
+            help="--benchmark only: run settings that make the number incomparable with the "
+            "published ones (a changed locked option, --limit); the report says NOT COMPARABLE."
+        ),
+    ] = False,
 ) -> None:
     """Evaluate a model on a task set; writes trajectories.jsonl and summary.json."""
-    from conveyor.app.evaluate import eval_main
+    from conveyor.app.evaluate import POLICIES, eval_main
     from conveyor.app.run_log import capture
     from conveyor.dispatch.ray_cluster import ClusterError
     from conveyor.engines.base import EngineError
     from conveyor.models import ModelError
 
-    resolved = _load(config, set_)
+    if policy not in POLICIES:
+        _fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    plan = None
+    if benchmark is None:
+        if config is None:
+            _fail("conveyor eval needs a CONFIG file (or --benchmark NAME)")
+        if limit is not None or allow_incomparable:
+            _fail("--limit and --allow-incomparable go with --benchmark")
+        resolved = _load(config, set_)
+    else:
+        from conveyor.app import benchmarks
+
+        try:
+            spec = benchmarks.benchmark(benchmark)
+        except ValueError as exc:
+            _fail(str(exc))
+        start = [] if config is not None else [f"tasks.families=[{spec.family}]"]
+        resolved = _load(config, [*start, *(set_ or [])])
+        try:
+            plan = benchmarks.plan(
+                spec, resolved.config, limit=limit, allow_incomparable=allow_incomparable
+            )
+        except ValueError as exc:
+            _fail(str(exc))
     try:
         with capture():
-            run_dir = eval_main(resolved)
+            run_dir = eval_main(resolved, plan, policy)
     except (ModelError, EngineError, ClusterError) as exc:
         _fail(str(exc))
     summary = json.loads((run_dir / "summary.json").read_text())
+    if plan is not None:
+        typer.echo(summary["benchmark"]["line"])
     overall = summary["overall"]
+    pass1 = "no data" if overall["pass@1"] is None else f"{overall['pass@1']:.3f}"
     typer.echo(
-        f"rollouts={overall['rollouts']} pass@1={overall['pass@1']:.3f} "
+        f"rollouts={overall['rollouts']} pass@1={pass1} "
         f"statuses={overall['statuses']} wall={summary['wall_s']:.1f}s"
     )
+    for name, block in summary.get("families", {}).items():
+        if block.get("no_data"):
+            typer.echo(f"{name}: no data (all {block['rollouts']} rollouts infrastructure errors)")
     typer.echo(str(run_dir))
 
 

@@ -3,6 +3,12 @@
 The run folder holds `config.yaml` (the resolved config), `trajectories.jsonl` (one line per
 rollout, appended and flushed as each finishes, so a crash loses nothing already done) and
 `summary.json` (pass@1, pass@k, statuses, turns, tokens, stage times, wall time).
+
+With a benchmark plan (`conveyor eval --benchmark NAME`, `conveyor.app.benchmarks`) the tasks are
+the benchmark's whole set, and `benchmark.json` holds its report (the leaderboard's metric, whether
+the number is comparable, the deviations that remain), also under `summary.json`'s `benchmark`.
+The policy is the configured model, or a scripted one (`oracle`: the families' oracle calls;
+`empty`: an empty reply), which needs no engine and runs each task once.
 """
 
 from __future__ import annotations
@@ -11,25 +17,43 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+from conveyor.app import benchmarks
 from conveyor.app.compose import Composition, make_run_dir
 from conveyor.app.reports import summarize
-from conveyor.config import ResolvedConfig, config_to_yaml
+from conveyor.config import ConveyorConfig, ResolvedConfig, config_to_yaml
 from conveyor.engines.base import RequestCounters
 from conveyor.engines.router import RoutedEngine
-from conveyor.types import Trajectory
+from conveyor.types import Task, Trajectory
+
+POLICIES = ("model", "oracle", "empty")
 
 
-async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> Path:
-    """Evaluate the configured model on the configured tasks; returns the run folder."""
+async def run_eval(
+    resolved: ResolvedConfig,
+    *,
+    show_progress: bool = True,
+    plan: benchmarks.Plan | None = None,
+    policy: str = "model",
+) -> Path:
+    """Evaluate the configured model (or a scripted `policy`) on the configured tasks, or on
+    `plan`'s benchmark; returns the run folder."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    config = plan.config if plan is not None else resolved.config
+    if policy != "model":
+        return await _scripted_eval(config, plan, policy)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    config = resolved.config
     parts = Composition(config)
     # A Ray cluster that cannot host the runtimes says so first, before any file is loaded.
     parts.start_cluster()
     model_dir = parts.model_dir
-    tasks = parts.tasks()
+    if plan is not None:
+        tasks = benchmarks.build_tasks(plan, parts.families[plan.spec.family])
+    else:
+        tasks = parts.tasks()
     started = time.monotonic()
     parts.tokenizer  # noqa: B018 - loaded before the clock of the engine start stops
     try:
@@ -79,10 +103,70 @@ async def run_eval(resolved: ResolvedConfig, *, show_progress: bool = True) -> P
     if isinstance(client, RoutedEngine):
         # requests, sessions and moved sessions per replica: where the load went
         summary["engine_replicas"] = client.routing_summary()
+    if plan is not None:
+        sampling = config.sampling.model_dump(mode="json")
+        _benchmark_report(run_dir, summary, plan, results, tasks, "model", sampling)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir
 
 
-def eval_main(resolved: ResolvedConfig) -> Path:
+async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, policy: str) -> Path:
+    """One rollout per task with the scripted `policy` through the real loop, tools and grader
+    (`conveyor.app.families.scripted_rollouts`), budgets widened as `conveyor tasks check` does
+    so the oracle's longest rollout fits."""
+    from conveyor.app.families import EMPTY_REPLY, check_config, scripted_rollouts
+    from conveyor.tasks.family import say
+
+    if len(config.tasks.families) == 1:
+        config = check_config(config, config.tasks.families[0])
+    parts = Composition(config)
+    started = time.monotonic()
+    try:
+        if plan is not None:
+            tasks = benchmarks.build_tasks(plan, parts.families[plan.spec.family])
+        else:
+            tasks = parts.tasks()
+        run_dir = make_run_dir(config, "eval")
+        (run_dir / "config.yaml").write_text(config_to_yaml(config))
+        if policy == "oracle":
+            steps = {t.id: parts.families[t.family].oracle_calls(t) for t in tasks}
+            longest = max((len(s) for s in steps.values()), default=1)
+            if longest > parts.config.agent.max_turns:
+                agent = parts.config.agent.model_copy(update={"max_turns": longest})
+                parts.config = parts.config.model_copy(update={"agent": agent})
+            results = await scripted_rollouts(parts, tasks, lambda t: steps[t.id])
+        else:
+            results = await scripted_rollouts(parts, tasks, lambda _t: [say(EMPTY_REPLY)])
+    finally:
+        await parts.close()
+    with (run_dir / "trajectories.jsonl").open("w") as sink:
+        for trajectory in results:
+            sink.write(trajectory.to_json() + "\n")
+    summary = summarize(results, tasks, 1)
+    summary["wall_s"] = time.monotonic() - started
+    summary["policy"] = policy
+    if plan is not None:
+        _benchmark_report(run_dir, summary, plan, results, tasks, policy, {})
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return run_dir
+
+
+def _benchmark_report(
+    run_dir: Path,
+    summary: dict[str, Any],
+    plan: benchmarks.Plan,
+    results: list[Trajectory],
+    tasks: list[Task],
+    policy: str,
+    sampling: dict[str, Any],
+) -> None:
+    report = benchmarks.report(plan, results, tasks, policy=policy, sampling=sampling)
+    summary["benchmark"] = report
+    (run_dir / "benchmark.json").write_text(json.dumps(report, indent=2))
+
+
+def eval_main(
+    resolved: ResolvedConfig, plan: benchmarks.Plan | None = None, policy: str = "model"
+) -> Path:
     """Synchronous entry point for the CLI."""
-    return asyncio.run(run_eval(resolved))
+    return asyncio.run(run_eval(resolved, plan=plan, policy=policy))

@@ -31,6 +31,9 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
 
     def block(task_ids: list[str]) -> dict[str, Any]:
         scored = [t for i in task_ids for t in by_task[i] if t.status is not Status.INFRA_ERROR]
+        # With no scored rollout (all infrastructure errors) there is no rate: every rate is
+        # None and `no_data` says why, never a pass@1 of 0.0 the policy did not earn.
+        rate = _mean if scored else _no_data
         out: dict[str, Any] = {
             "tasks": len(task_ids),
             "rollouts": sum(len(by_task[i]) for i in task_ids),
@@ -38,15 +41,16 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
             "statuses": dict(
                 Counter(t.status.value for t in (x for i in task_ids for x in by_task[i]))
             ),
-            "mean_reward": _mean([t.reward or 0.0 for t in scored]),
-            "pass@1": _mean([1.0 if t.solved else 0.0 for t in scored]),
-            "mean_turns": _mean([float(len(t.turns)) for t in scored]),
-            "mean_completion_tokens": _mean(
+            "mean_reward": rate([t.reward or 0.0 for t in scored]),
+            "pass@1": rate([1.0 if t.solved else 0.0 for t in scored]),
+            "mean_turns": rate([float(len(t.turns)) for t in scored]),
+            "mean_completion_tokens": rate(
                 [t.metrics.get("completion_tokens", 0.0) for t in scored]
             ),
-            "mean_tool_calls": _mean([float(t.counters.get("tool_calls", 0)) for t in scored]),
-            "mean_hints": _mean([float(t.counters.get("hints", 0)) for t in scored]),
+            "mean_tool_calls": rate([float(t.counters.get("tool_calls", 0)) for t in scored]),
+            "mean_hints": rate([float(t.counters.get("hints", 0)) for t in scored]),
             "splits": sum(t.counters.get("splits", 0) for t in scored),
+            "no_data": not scored,
         }
         for kk in range(1, k + 1):
             values = []
@@ -55,7 +59,7 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
                 if len(group) >= kk:
                     correct = sum(1 for t in group if t.solved)
                     values.append(pass_at_k(len(group), correct, kk))
-            out[f"pass@{kk}"] = _mean(values)
+            out[f"pass@{kk}"] = rate(values)
         return out
 
     families = sorted({family_of[t] for t in by_task if t in family_of})
@@ -74,6 +78,11 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def _no_data(values: Sequence[float]) -> None:
+    """The rate of a block with no scored rollout: none."""
+    return None
+
+
 Z95 = 1.959964  # the two-sided 95% quantile of the standard normal
 
 
@@ -90,7 +99,8 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 
 
 def eval_report(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
-    """Pass rate with its 95% interval, overall and per family; infra errors are not scored."""
+    """Pass rate with its 95% interval, overall and per family; infra errors are not scored,
+    and a block with only infra errors has `pass_rate` None and `no_data` true."""
     family = {t.id: t.family for t in tasks}
 
     def block(items: list[Trajectory]) -> dict[str, Any]:
@@ -98,7 +108,8 @@ def eval_report(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> di
         wins = sum(1 for t in scored if t.solved)
         low, high = wilson_interval(wins, len(scored))
         return {
-            "pass_rate": wins / len(scored) if scored else 0.0,
+            "pass_rate": wins / len(scored) if scored else None,
+            "no_data": not scored,
             "n": len(scored),
             "ci95": [low, high],
             "infra_errors": len(items) - len(scored),

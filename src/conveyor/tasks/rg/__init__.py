@@ -27,6 +27,7 @@ under the dataset's own scorer are skipped, so every instance has an oracle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import json
 import random
@@ -161,6 +162,33 @@ class RgFamily:
         instances = [drawn[p % len(names)][p // len(names)] for p in range(n)]
         return [self._task(split, p, data) for p, data in enumerate(instances)]
 
+    def benchmark_tasks(
+        self, datasets: list[tuple[str, dict[str, Any]]], seed: int, size: int
+    ) -> list[Task]:
+        """Every entry of each `(name, config)` dataset built as reasoning-gym's own eval builds
+        it (`create_dataset(name, seed=seed, size=size, **config)`), in order, oracle or not;
+        split "test". The datasets are checked like the `datasets` option."""
+        rg_scoring.check_dataset_names([name for name, _ in datasets])
+        tasks: list[Task] = []
+        for name, config in datasets:
+            rg_scoring.check_dataset_config(name, config)
+            built = rg_scoring.dataset(name, config, seed=seed, size=size)
+            for index in range(size):
+                entry = rg_scoring.json_entry(built[index])
+                data = {
+                    "dataset": name,
+                    "config": config,
+                    "index": index,
+                    "seed": seed,
+                    "size": size,
+                    "entry": entry,
+                }
+                prompt = opening(self.system_prompt, entry["question"])
+                tasks.append(
+                    instance_task(self.name, "test", len(tasks), prompt, data, f"{name}-{index}")
+                )
+        return tasks
+
     def _task(self, split: str, index: int, data: dict[str, Any]) -> Task:
         return instance_task(
             self.name,
@@ -188,21 +216,27 @@ class RgFamily:
         return Grade(reward=self._reward(raw), breakdown={"scorer": raw})
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
-        """1.0 if the dataset's scorer gives `answer` 1.0 (its value with `partial_credit`);
-        0.0 for no answer, an over-long one, one an eval-based scorer must not see, or one the
-        scorer takes over `SCORE_TIMEOUT_S` on."""
+        """1.0 if the dataset's scorer gives `answer` (as given, None for no answer) 1.0 (its
+        value with `partial_credit`); 0.0 for an over-long answer, one an eval-based scorer must
+        not see, or one the scorer takes over `SCORE_TIMEOUT_S` on."""
         return self._reward(await self._raw(task, answer))
 
     async def _raw(self, task: Task, answer: str | None) -> float:
-        if answer is None:
-            return 0.0
         data = task.data
         # Scorers are synchronous and some are slow (sympy): keep the event loop free, and
         # never let one hold the reward stage forever.
         try:
             async with asyncio.timeout(SCORE_TIMEOUT_S):
                 return await asyncio.to_thread(
-                    rg_scoring.raw_score, data["dataset"], answer, data["entry"], data["config"]
+                    functools.partial(
+                        rg_scoring.raw_score,
+                        data["dataset"],
+                        answer,
+                        data["entry"],
+                        data["config"],
+                        seed=int(data.get("seed", rg_scoring.DATASET_SEED)),
+                        size=int(data.get("size", rg_scoring.INDEX_SPACE)),
+                    )
                 )
         except TimeoutError:
             return 0.0

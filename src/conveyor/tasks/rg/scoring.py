@@ -143,18 +143,25 @@ def check_dataset_config(name: str, values: Mapping[str, Any]) -> None:
         raise ValueError(f"config of {name!r} is refused by reasoning-gym: {error}") from None
 
 
-def dataset(name: str, config: Mapping[str, Any] | None = None) -> Any:
-    """The reasoning-gym dataset `name` with `DATASET_SEED`, `INDEX_SPACE` entries and its
-    default config updated by `config` (built once per process for each config)."""
-    return _built(name, json.dumps(dict(config or {}), sort_keys=True))
+def dataset(
+    name: str,
+    config: Mapping[str, Any] | None = None,
+    *,
+    seed: int = DATASET_SEED,
+    size: int = INDEX_SPACE,
+) -> Any:
+    """The reasoning-gym dataset `name` with `seed` (default `DATASET_SEED`), `size` entries
+    (default `INDEX_SPACE`) and its default config updated by `config` (built once per process
+    for each combination; a benchmark config names its own seed and size)."""
+    return _built(name, json.dumps(dict(config or {}), sort_keys=True), seed, size)
 
 
 @functools.cache
-def _built(name: str, config_json: str) -> Any:
+def _built(name: str, config_json: str, seed: int, size: int) -> Any:
     import reasoning_gym
 
     config = json.loads(config_json)
-    return reasoning_gym.create_dataset(name, seed=DATASET_SEED, size=INDEX_SPACE, **config)
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
 
 
 def json_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,20 +183,28 @@ def max_answer_chars(entry: Mapping[str, Any]) -> int:
 
 
 def raw_score(
-    name: str, answer: str, entry: Mapping[str, Any], config: Mapping[str, Any] | None = None
+    name: str,
+    answer: str | None,
+    entry: Mapping[str, Any],
+    config: Mapping[str, Any] | None = None,
+    *,
+    seed: int = DATASET_SEED,
+    size: int = INDEX_SPACE,
 ) -> float:
-    """Dataset `name`'s (built with `config`) own `score_answer` of a stripped `answer`, or
-    0.0 when the answer is empty,
-    too long (`max_answer_chars`), refused by the dataset's eval screen, or makes the scorer
-    raise. Clamped to [0, 1]."""
-    text = answer.strip()
-    if not text or len(text) > max_answer_chars(entry):
-        return 0.0
-    screen = EVAL_SCREENS.get(name)
-    if screen is not None and not screen(text):
-        return 0.0
+    """Dataset `name`'s (built with `config`, `seed`, `size`) own `score_answer` of `answer`
+    exactly as given (None for no answer; never stripped, as upstream passes it), clamped to
+    [0, 1]; 0.0 when the answer is too long (`max_answer_chars`), refused by the dataset's eval
+    screen, or makes the scorer raise. Those three are the only places the value can differ
+    from reasoning-gym's own (`conveyor tasks check parity --scorer rg` counts them)."""
+    if answer is not None:
+        if len(answer) > max_answer_chars(entry):
+            return 0.0
+        screen = EVAL_SCREENS.get(name)
+        if screen is not None and answer.strip() and not screen(answer):
+            return 0.0
     try:
-        value = float(dataset(name, config).score_answer(text, copy.deepcopy(dict(entry))))
+        built = dataset(name, config, seed=seed, size=size)
+        value = float(built.score_answer(answer, copy.deepcopy(dict(entry))))
     except Exception:  # a scorer raising on malformed text: the answer is wrong, not the run
         return 0.0
     return min(max(value, 0.0), 1.0) if value == value else 0.0

