@@ -16,6 +16,9 @@ from conveyor.config import load_config
 from conveyor.types import Status, Task, Trajectory
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def _config(*overrides: str):  # type: ignore[no-untyped-def]
     return load_config(None, list(overrides)).config
 
@@ -38,6 +41,9 @@ def test_a_benchmark_refuses_incomparable_settings_unless_told_and_then_says_why
         benchmarks.plan(rg, _config("tasks.families=[rg]", "tasks.options={rg: {datasets: [gcd]}}"))
     with pytest.raises(ValueError, match="unknown benchmark 'mbpp'; known: humaneval, rg"):
         benchmarks.benchmark("mbpp")
+    for name in ("humaneval", "rg"):  # the shipped configs are comparable as they stand
+        shipped = load_config(REPO / "configs" / "benchmarks" / f"{name}.yaml", []).config
+        assert benchmarks.plan(benchmarks.benchmark(name), shipped).not_comparable == []
 
 
 def test_the_rg_benchmark_is_the_published_config_less_the_listed_drops() -> None:
