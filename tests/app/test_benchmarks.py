@@ -15,7 +15,6 @@ from conveyor.cli import app
 from conveyor.config import load_config
 from conveyor.types import Status, Task, Trajectory
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 

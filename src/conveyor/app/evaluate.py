@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from conveyor.app import benchmarks
 from conveyor.app.compose import Composition, make_run_dir
@@ -25,7 +25,7 @@ from conveyor.app.reports import summarize
 from conveyor.config import ConveyorConfig, ResolvedConfig, config_to_yaml
 from conveyor.engines.base import RequestCounters
 from conveyor.engines.router import RoutedEngine
-from conveyor.types import Task, Trajectory
+from conveyor.types import Task, ToolCall, Trajectory
 
 POLICIES = ("model", "oracle", "empty")
 
@@ -130,10 +130,7 @@ async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, p
         (run_dir / "config.yaml").write_text(config_to_yaml(config))
         if policy == "oracle":
             steps = {t.id: parts.families[t.family].oracle_calls(t) for t in tasks}
-            longest = max((len(s) for s in steps.values()), default=1)
-            if longest > parts.config.agent.max_turns:
-                agent = parts.config.agent.model_copy(update={"max_turns": longest})
-                parts.config = parts.config.model_copy(update={"agent": agent})
+            parts.config = _oracle_budgets(parts, steps)
             results = await scripted_rollouts(parts, tasks, lambda t: steps[t.id])
         else:
             results = await scripted_rollouts(parts, tasks, lambda _t: [say(EMPTY_REPLY)])
@@ -149,6 +146,33 @@ async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, p
         _benchmark_report(run_dir, summary, plan, results, tasks, policy, {})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir
+
+
+def _oracle_budgets(parts: Composition, steps: dict[str, list[ToolCall]]) -> ConveyorConfig:
+    """The config with room for the oracle's longest rollout: its turns, its longest reply (a
+    reasoning-gym answer can run to thousands of tokens) and all its replies in the context."""
+    from conveyor.agent.parsing import format_tool_call
+
+    config = parts.config
+    fmt: Literal["hermes", "xml"] = "xml" if config.model.tool_format == "xml" else "hermes"
+    tokenizer = parts.tokenizer
+
+    def tokens(call: ToolCall) -> int:
+        return len(tokenizer.encode(format_tool_call(call, fmt), add_special_tokens=False))
+
+    sizes = [[tokens(call) for call in calls] for calls in steps.values()]
+    turns = max((len(s) for s in sizes), default=1)
+    reply = max((max(s, default=0) for s in sizes), default=0) + 64
+    path = max((sum(s) for s in sizes), default=0)
+    agent = config.agent
+    context = max(agent.max_context_tokens, agent.max_context_tokens + path)
+    update = {
+        "max_turns": max(agent.max_turns, turns),
+        "max_completion_tokens": max(agent.max_completion_tokens, reply),
+        "max_context_tokens": context,
+        "max_prompt_tokens": max(agent.max_prompt_tokens, context - 256),
+    }
+    return config.model_copy(update={"agent": agent.model_copy(update=update)})
 
 
 def _benchmark_report(

@@ -164,6 +164,7 @@ def rg_parity(
             for kind, answer in rg_answers(entry, other):
                 if kinds is not None and kind not in kinds:
                     continue
+                theirs: float | str
                 try:
                     theirs = float(upstream.score_answer(answer, copy.deepcopy(entry)))
                 except Exception as error:  # upstream raising: we score 0
