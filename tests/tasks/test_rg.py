@@ -289,7 +289,7 @@ def test_the_eval_screens_pass_the_answers_they_must_and_stop_the_rest() -> None
 
 
 def test_a_scorer_that_hangs_scores_zero_after_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    def hang(*args: Any) -> float:
+    def hang(*args: Any, **kwargs: Any) -> float:
         time.sleep(0.5)
         return 1.0
 
