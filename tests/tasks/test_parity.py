@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
+from typer.testing import CliRunner
 
+from conveyor.cli import app
 from conveyor.config import RuntimeConfig
 from conveyor.tasks import parity
 from conveyor.tasks.code import judge_answer
@@ -46,3 +49,15 @@ def test_rg_scores_equal_score_answer_on_gold_and_perturbed_answers() -> None:
     assert report["upstream_mean_by_kind"]["none"] > 0.0  # countdown gives 0.01 to None
     guarded = [d for d in report["disagreements"] if d["guard"]]
     assert {d["task_id"].split("/")[0] for d in guarded} <= {"countdown"}
+
+
+def test_the_parity_command_reports_and_refuses_an_unknown_scorer() -> None:
+    runner = CliRunner()
+    args = ["tasks", "parity", "--scorer", "rg", "--datasets", "gcd", "--kinds", "gold,padded"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "rg: gold 1/1 agree, perturbed 1/1 agree" in result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["by_kind"] == {"gold": 1, "padded": 1} and report["ok"]
+    bad = runner.invoke(app, ["tasks", "parity", "--scorer", "mbpp"])
+    assert bad.exit_code != 0 and "--scorer must be 'humaneval' or 'rg'" in bad.output
