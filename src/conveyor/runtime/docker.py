@@ -312,6 +312,10 @@ class DockerRuntime:
 
 DOCKER_WORKDIR = "/workspace"
 CONTAINER_WORKDIR = "/testbed"
+# The image's own world-writable folders besides /tmp: tmpfs mounts of `limits.tmp_bytes`, so
+# that a command (no capabilities, not root) can fill no disk but its workspace's (the
+# engine's overlay cannot be size-limited on ext4: `--storage-opt size` needs XFS).
+WRITABLE_DIRS = ("/var/tmp", "/run/lock")
 
 
 @RUNTIMES.register("docker", needs_image=True)
@@ -361,4 +365,5 @@ def build_container(request: RuntimeRequest, settings: RuntimeConfig) -> DockerR
         user=f"{owner.st_uid}:{owner.st_gid}",
         env=request.env_at(CONTAINER_WORKDIR),
         docker=resolve_engine(settings.engine),
+        tmpfs=WRITABLE_DIRS,
     )

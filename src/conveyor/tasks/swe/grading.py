@@ -44,7 +44,7 @@ from conveyor.config.sections import AUTO
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
-from conveyor.runtime.docker import DockerRuntime
+from conveyor.runtime.docker import WRITABLE_DIRS, DockerRuntime
 from conveyor.runtime.engine import Engine, engine_available, resolve_engine
 from conveyor.runtime.images import ImageBuildError, image_exists
 from conveyor.runtime.cpu_pools import run_in_pool
@@ -197,6 +197,7 @@ def container_test_runtime(
         user=f"{SANDBOX_UID}:{SANDBOX_GID}",
         env=variables,
         docker=target.engine,
+        tmpfs=WRITABLE_DIRS,
     )
 
 
