@@ -14,6 +14,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from conveyor.runtime.engine import resolve_engine
 from conveyor.runtime.images import ensure_base_image
@@ -28,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = resolve_engine("auto")
     base = ensure_base_image(engine)
-    records = []
+    records: list[dict[str, Any]] = []
     for row in load_rows(args.rows):
         began = time.monotonic()
         plan = plan_row(row, base.tag)

@@ -504,8 +504,12 @@ def images_build(
         missing = missing_images(rows, settings)
         for instance, image in missing:
             typer.echo(f"missing: {instance}: {image}")
-        summary = {"images": len(rows), "built": 0, "cached": len(rows) - len(missing)}
-        summary |= {"seconds": round(time.monotonic() - began, 1), "missing": len(missing)}
+        summary: dict[str, float] = {"images": len(rows), "built": 0}
+        summary |= {
+            "cached": len(rows) - len(missing),
+            "seconds": round(time.monotonic() - began, 1),
+            "missing": len(missing),
+        }
         typer.echo(json.dumps(summary) if as_json else f"{len(missing)} of {len(rows)} missing")
         raise typer.Exit(1 if missing else 0)
     built = cached = 0
@@ -515,20 +519,23 @@ def images_build(
         for row in rows:
             progress.update(bar, description=f"{row.instance_id}")
             try:
-                _, image = ensure_row_image(row, settings, say=progress.console.print)
+                _, made = ensure_row_image(row, settings, say=progress.console.print)
             except (ImageBuildError, ValueError) as exc:
                 _fail(f"{row.instance_id}: {exc}")
-            if image is not None and image.built:
+            if made is not None and made.built:
                 built += 1
-                progress.console.print(f"built {image.tag} in {image.seconds:.1f} s")
+                progress.console.print(f"built {made.tag} in {made.seconds:.1f} s")
             else:
                 cached += 1
             progress.advance(bar)
     seconds = round(time.monotonic() - began, 1)
     summary = {"images": len(rows), "built": built, "cached": cached, "seconds": seconds}
-    typer.echo(json.dumps(summary | {"missing": 0}) if as_json else (
-        f"{len(rows)} task images: {built} built, {cached} already there ({seconds} s)"
-    ))
+    summary["missing"] = 0
+    typer.echo(
+        json.dumps(summary)
+        if as_json
+        else (f"{len(rows)} task images: {built} built, {cached} already there ({seconds} s)")
+    )
 
 
 @dev_app.command("graph")

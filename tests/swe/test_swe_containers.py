@@ -150,15 +150,19 @@ def test_a_run_refuses_to_start_while_images_are_missing(tmp_path: Path) -> None
     with pytest.raises(MissingImages, match=r"conveyor images build --config") as missing:
         built_here.make_tasks(3, 0, "train")
     assert len(missing.value.missing) == 3
-    assert all(tag.startswith("conveyor-swe-task-tinycalc__never_built_") for _, tag in
-               missing.value.missing)
+    assert all(
+        tag.startswith("conveyor-swe-task-tinycalc__never_built_")
+        for _, tag in missing.value.missing
+    )
 
     pulled = RuntimeConfig(kind="container", image=FAKE_REGISTRY)
     family = get_family("swe", pulled, FamilyServices(options=options))
     with pytest.raises(MissingImages, match=r"pull them first") as missing:
         family.make_tasks(2, 0, "train")
-    assert all(tag.startswith("registry.conveyor-test.invalid/sweb.eval.x86_64.tinycalc__never")
-               for _, tag in missing.value.missing)
+    assert all(
+        tag.startswith("registry.conveyor-test.invalid/sweb.eval.x86_64.tinycalc__never")
+        for _, tag in missing.value.missing
+    )
 
 
 def test_runtime_image_templates_name_each_rows_image__fake_registry() -> None:

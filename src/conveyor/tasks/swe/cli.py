@@ -219,7 +219,9 @@ def runtime_settings(config: Path | None, settings: list[str]) -> RuntimeConfig:
     try:
         return RuntimeConfig.model_validate(values)
     except ValidationError as error:
-        why = "; ".join(f"runtime.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        why = "; ".join(
+            f"runtime.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+        )
         raise ValueError(why) from None
 
 

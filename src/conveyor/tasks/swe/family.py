@@ -12,11 +12,11 @@ Per rollout (`make_runtime`): an overlay workspace of the task's starting state,
 `runtime.kind` over it (bubblewrap by default; local or docker) with the project's test venv
 mounted read-only, or (kind `container`) a container of the row's own image (`swe.images`:
 the test venv inside it, the workspace at /testbed; the grader's tests run in it too, and a
-run refuses to start while an image is missing), and the task's code index (built once per starting state, shared, cached on
-disk) attached to the runtime for the `search_code` tool. The blocking set-up runs on the
-`init` CPU pool. `grade` grades the workspace's diff with `grading.grade` (a `Grade` whose
-breakdown has `resolved` and `tampered`; `score` is its reward alone); `oracle_calls`
-applies the gold patch through `str_replace_editor` edits, then finishes.
+run refuses to start while an image is missing), and the task's code index (built once per
+starting state, shared, cached on disk) attached to the runtime for the `search_code` tool.
+The blocking set-up runs on the `init` CPU pool. `grade` grades the workspace's diff with
+`grading.grade` (a `Grade` whose breakdown has `resolved` and `tampered`; `score` is its
+reward alone); `oracle_calls` applies the gold patch through `str_replace_editor` edits, then finishes.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.grading import (
     UNSANDBOXED_WARNING,
     grade_runtime,
-    row_environment,
     row_container,
+    row_environment,
     row_metadata,
     row_template,
     test_env_vars,
 )
-from conveyor.tasks.swe.images import check_images
 from conveyor.tasks.swe.hints import SweHintPolicy
+from conveyor.tasks.swe.images import check_images
 from conveyor.tasks.swe.options import TASKS_ENV, SweOptions, default_row_files, resolve_swe_options
 from conveyor.tasks.swe.patches import apply_patch, file_diff, patch_paths, read_text, split_lines
 from conveyor.tasks.swe.tools import make_bash_tool, str_replace_editor
@@ -303,7 +303,6 @@ class SweFamily:
             *gold_edits(row, row_template(row), self.root),
             ToolCall(name="finish", arguments={"answer": "Fixed the bug (gold patch applied)."}),
         ]
-
 
     def _runtime_request(self, row: SweRow, workspace: Workspace) -> RuntimeRequest:
         """`_runtime_request`; under kind 'container', the row's own image with the test

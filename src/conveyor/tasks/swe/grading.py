@@ -44,10 +44,10 @@ from conveyor.config.sections import AUTO
 from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
+from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.docker import WRITABLE_DIRS, DockerRuntime
 from conveyor.runtime.engine import Engine, engine_available, resolve_engine
 from conveyor.runtime.images import ImageBuildError, image_exists
-from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started

@@ -23,8 +23,8 @@ from typing import Any, Literal, Self
 from pydantic import (
     BaseModel,
     ConfigDict,
-    PrivateAttr,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
