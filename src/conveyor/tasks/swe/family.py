@@ -16,7 +16,8 @@ run refuses to start while an image is missing), and the task's code index (buil
 starting state, shared, cached on disk) attached to the runtime for the `search_code` tool.
 The blocking set-up runs on the `init` CPU pool. `grade` grades the workspace's diff with
 `grading.grade` (a `Grade` whose breakdown has `resolved` and `tampered`; `score` is its
-reward alone); `oracle_calls` applies the gold patch through `str_replace_editor` edits, then finishes.
+reward alone); `oracle_calls` applies the gold patch through `str_replace_editor` edits,
+then finishes.
 """
 
 from __future__ import annotations
