@@ -47,7 +47,7 @@ from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.docker import WRITABLE_DIRS, DockerRuntime
 from conveyor.runtime.engine import Engine, engine_available, resolve_engine
-from conveyor.runtime.images import ImageBuildError, image_exists
+from conveyor.runtime.images import ImageBuildError
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
@@ -69,6 +69,7 @@ from conveyor.tasks.swe.images import (
     TESTBED,
     how_to_get,
     image_environment,
+    image_present,
     row_image,
 )
 from conveyor.tasks.swe.options import GradingOptions
@@ -439,8 +440,8 @@ def row_container(row: SweRow, options: GradingOptions) -> ContainerTarget:
     ok, why = engine_available(engine)
     if not ok:
         raise RuntimeFailure(f"the grader's container engine is not usable here: {why}")
-    image = row_image(row, settings, engine)
-    if not image_exists(engine, image):
+    image = row_image(row, settings)
+    if not image_present(engine, image):
         raise RuntimeFailure(
             f"{row.instance_id}: its image {image} is missing; {how_to_get(settings)}"
         )

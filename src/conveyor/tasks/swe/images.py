@@ -92,9 +92,11 @@ def _hash(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=4096)
 def tree_digest(root: Path) -> str:
     """A hash of every file under `root`: relative paths, executable bits, bytes (symlinks by
-    their target)."""
+    their target). Remembered per path for the process: the trees it hashes (pristine
+    sources, starting states, metadata under the SWE cache) never change once made."""
     digest = hashlib.sha256()
     for folder, dirs, files in os.walk(root):
         dirs.sort()
@@ -177,11 +179,11 @@ def templated_image(template: str, row: SweRow) -> str:
         ) from None
 
 
-def row_image(row: SweRow, settings: RuntimeConfig, engine: Engine | None = None) -> str:
-    """The image `row` runs in: `runtime.image` filled in, else its locally built image."""
+def row_image(row: SweRow, settings: RuntimeConfig) -> str:
+    """The image `row` runs in: `runtime.image` filled in, else its locally built image (over
+    the base image of this machine's recipe)."""
     if settings.image:
         return templated_image(settings.image, row)
-    engine = engine if engine is not None else resolve_engine(settings.engine)
     return plan_row(row, _base_tag()).tag
 
 
@@ -191,13 +193,27 @@ def _base_tag() -> str:
     return default_recipe().tag
 
 
+_PRESENT: set[tuple[Engine, str]] = set()
+
+
+def image_present(engine: Engine, image: str) -> bool:
+    """`image_exists`, remembering the images found for the process (a rollout asks for its
+    row's image several times; one removed meanwhile fails its container's start instead)."""
+    if (engine, image) in _PRESENT:
+        return True
+    if image_exists(engine, image):
+        _PRESENT.add((engine, image))
+        return True
+    return False
+
+
 def missing_images(rows: Iterable[SweRow], settings: RuntimeConfig) -> list[tuple[str, str]]:
     """(instance_id, image) of every row whose image the engine's store lacks."""
     engine = resolve_engine(settings.engine)
     missing = []
     for row in rows:
-        image = row_image(row, settings, engine)
-        if not image_exists(engine, image):
+        image = row_image(row, settings)
+        if not image_present(engine, image):
             missing.append((row.instance_id, image))
     return missing
 
@@ -313,6 +329,14 @@ def ensure_row_image(
     return plan.tag, ensure_task_image(engine, plan)
 
 
+@functools.lru_cache(maxsize=4096)
+def _image_id(engine: Engine, image: str) -> str:
+    done = engine.run("image", "inspect", "--format", "{{.Id}}", image)
+    if done.returncode != 0:
+        raise ImageBuildError(f"image {image} is missing: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
 @functools.cache
 def _described(engine: Engine, image_id: str) -> tuple[str, tuple[str, ...]]:
     done = engine.run("run", "--rm", "--network", "none", image_id, "cat", ENV_JSON)
@@ -327,10 +351,7 @@ def _described(engine: Engine, image_id: str) -> tuple[str, tuple[str, ...]]:
 def image_environment(engine: Engine, image: str) -> TestEnvironment:
     """The test environment inside `image`, in the container's own paths: the venv, the
     grader's folder where the grader mounts it, the venv's site-packages and modules."""
-    done = engine.run("image", "inspect", "--format", "{{.Id}}", image)
-    if done.returncode != 0:
-        raise ImageBuildError(f"image {image} is missing: {done.stderr.strip()}")
-    site, modules = _described(engine, done.stdout.strip())
+    site, modules = _described(engine, _image_id(engine, image))
     return TestEnvironment(
         path=Path(VENV),
         plugin_dir=Path(GRADER),
