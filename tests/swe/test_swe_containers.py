@@ -10,6 +10,8 @@ needs it and then found in the engine's store (its tag is a hash of its inputs).
 - a rollout of the swe family under `runtime.kind: container`: the agent's commands run in the
   row's container (the repository at /testbed, the image's Python, no network), the oracle's
   edits are graded in a container too, and `close` removes it;
+- `conveyor images build --config C`: the run's image found in the store (nothing built); with
+  `runtime.image`, the missing pulled images listed and exit 1;
 - refusals: a run whose images are missing refuses to start, naming the rows and the command
   that builds them; a `runtime.image` template (images pulled from a registry, of which none is
   reachable here: the registry name is a fake) is resolved per row and refused the same way
@@ -194,3 +196,34 @@ def test_grading_without_an_answering_engine_is_an_infrastructure_error__no_dock
     options = GradingOptions().in_containers(RuntimeConfig(kind="container", engine="docker"))
     with pytest.raises(RuntimeFailure, match=r"container engine is not usable"):
         asyncio.run(grade(tiny_row(), tiny_row().patch, options))
+
+
+@needs_engine
+def test_images_build_builds_what_a_run_needs_and_lists_missing_pulled_images__fake_registry(
+    row_image_tag: str, tmp_path: Path
+) -> None:
+    from conveyor.cli import app
+
+    rows = tmp_path / "rows.jsonl"
+    write_rows(rows, [tiny_row()])
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"tasks:\n  families: [swe]\n  options:\n    swe:\n      rows: [{rows}]\n"
+        "runtime:\n  kind: container\ndispatch:\n  reward_timeout_s: 1000\n"
+    )
+    built = CliRunner().invoke(app, ["images", "build", "--config", str(config), "--json"])
+    assert built.exit_code == 0, built.output
+    summary = json.loads(built.output.strip().splitlines()[-1])
+    assert summary == {
+        "images": 1,
+        "built": 0,
+        "cached": 1,
+        "seconds": summary["seconds"],
+        "missing": 0,
+    }
+
+    pulled = ["--set", f"runtime.image={FAKE_REGISTRY}", "--json"]
+    listed = CliRunner().invoke(app, ["images", "build", "--config", str(config), *pulled])
+    assert listed.exit_code == 1
+    assert "missing: tinycalc__add_bug: registry.conveyor-test.invalid/" in listed.output
+    assert json.loads(listed.output.strip().splitlines()[-1])["missing"] == 1
