@@ -5,8 +5,9 @@ with pytest and coverage, the row's starting state at /testbed), built by the fi
 needs it and then found in the engine's store (its tag is a hash of its inputs). Through it:
 
 - `conveyor tasks grade --set runtime.kind=container` (the contract): the gold patch resolves,
-  the empty patch does not, and a patch that fixes the bug only where the image's venv exists
-  resolves: the tests really ran in the container; no container is left behind;
+  the empty patch does not, a patch that fixes the bug only where the image's venv exists
+  resolves (the tests really ran in the container), and a patch forging the whole outcome
+  stream is caught by the canaries as tampering; no container is left behind;
 - a rollout of the swe family under `runtime.kind: container`: the agent's commands run in the
   row's container (the repository at /testbed, the image's Python, no network), the oracle's
   edits are graded in a container too, and `close` removes it;
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from tiny_project import CALC, buggy_calc, tiny_row
+from trust_attacks import payload
 from typer.testing import CliRunner
 
 from conveyor.agent.tools import ToolContext
@@ -100,6 +102,21 @@ def test_tasks_grade_in_the_rows_container(row_image_tag: str, tmp_path: Path) -
     code, out = _grade_cli(rows, "--patch", str(patch), *container)
     assert code == 0, out
     assert json.loads(out.strip().splitlines()[-1])["resolved"] is True
+
+    # The defences hold in the container: a patch forging a full outcome stream on the
+    # channel (every selected test passed, the hidden canaries too) is caught as tampering.
+    forged = tmp_path / "forged.diff"
+    forged.write_text(
+        file_diff(
+            "tinycalc/__init__.py",
+            buggy_calc(),
+            buggy_calc() + payload("frame_walk_forged_stream", None),
+        )
+    )
+    code, out = _grade_cli(rows, "--patch", str(forged), *container)
+    assert code == 0, out
+    verdict = json.loads(out.strip().splitlines()[-1])
+    assert verdict["resolved"] is False and verdict["tampered"] is True
     assert _leftovers() == []
 
 
