@@ -118,8 +118,9 @@ GradingRuntime = Literal["auto", "bubblewrap", "local", "container"]
 class GradingOptions(BaseModel):
     """How tests are run for grading (`tasks.options.swe.grading`, `conveyor tasks grade --set`).
 
-    The grader's tests always run in bubblewrap (`runtime` `auto` or `bubblewrap`; a sandbox
-    that cannot start is an infrastructure error, never a reason to run without it). `local`
+    The grader's tests run in bubblewrap (`runtime` `auto` or `bubblewrap`), or in the row's
+    own container image (`container`, which `auto` becomes under `runtime.kind: container`); a
+    sandbox that cannot start is an infrastructure error, never a reason to run without it. `local`
     runs them unsandboxed on this host, where the policy's code could rewrite its own verdict:
     only with `unsandboxed_grading_i_trust_the_policy: true`, and said in a warning at start.
     """
@@ -175,7 +176,7 @@ class GradingOptions(BaseModel):
         if trusted and not self.unsandboxed:
             raise ValueError(
                 "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
-                f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
+                f"'local' (runtime {self.runtime!r} grades in a sandbox); remove it"
             )
         return self
 
