@@ -557,6 +557,91 @@ def images_base(
         typer.echo(f"{image.tag} ({how}, {size})")
 
 
+@images_app.command("build")
+def images_build(
+    config: Annotated[Path, typer.Option(help="The run's YAML config.")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a config key first (repeatable), as in a run."),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help='Last line: {"images", "built", "cached", "seconds", "missing"}.'
+        ),
+    ] = False,
+) -> None:
+    """Build the container images a run of `config` needs, ahead of it: for the swe family,
+    one image per row of its configured row files (over the base image and a test-environment
+    image per dependency list), each skipped when its tag (a hash of its inputs) is already
+    in the engine's store. With runtime.image set (images pulled from a registry), nothing is
+    built: the missing ones are listed and the exit code is 1."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from conveyor.config import ConfigError, load_config
+    from conveyor.runtime.engine import engine_available, resolve_engine
+    from conveyor.runtime.images import ImageBuildError
+    from conveyor.tasks.family import build_families, options_services
+
+    try:
+        cfg = load_config(config, overrides=set_ or []).config
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+    if "swe" not in cfg.tasks.families:
+        typer.echo("no family of this config uses per-task images (only swe does)")
+        if as_json:
+            typer.echo(json.dumps({"images": 0, "built": 0, "cached": 0, "seconds": 0.0}))
+        return
+    from conveyor.tasks.swe.images import ensure_row_image, missing_images
+
+    settings = cfg.runtime
+    oci = resolve_engine(settings.engine)
+    ok, why = engine_available(oci)
+    if not ok:
+        _fail(f"{oci.name} is not usable here: {why}")
+    family = build_families(["swe"], settings, options_services(cfg.tasks.options))["swe"]
+    rows = family.rows()  # type: ignore[attr-defined]
+    began = time.monotonic()
+    if settings.image:
+        missing = missing_images(rows, settings)
+        for instance, image in missing:
+            typer.echo(f"missing: {instance}: {image}")
+        summary: dict[str, float] = {"images": len(rows), "built": 0}
+        summary |= {
+            "cached": len(rows) - len(missing),
+            "seconds": round(time.monotonic() - began, 1),
+            "missing": len(missing),
+        }
+        typer.echo(json.dumps(summary) if as_json else f"{len(missing)} of {len(rows)} missing")
+        raise typer.Exit(1 if missing else 0)
+    built = cached = 0
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, transient=False) as progress:
+        bar = progress.add_task("task images", total=len(rows))
+        for row in rows:
+            progress.update(bar, description=f"{row.instance_id}")
+            try:
+                _, made = ensure_row_image(row, settings, say=progress.console.print)
+            except (ImageBuildError, ValueError) as exc:
+                _fail(f"{row.instance_id}: {exc}")
+            if made is not None and made.built:
+                built += 1
+                progress.console.print(f"built {made.tag} in {made.seconds:.1f} s")
+            else:
+                cached += 1
+            progress.advance(bar)
+    seconds = round(time.monotonic() - began, 1)
+    summary = {"images": len(rows), "built": built, "cached": cached, "seconds": seconds}
+    summary["missing"] = 0
+    typer.echo(
+        json.dumps(summary)
+        if as_json
+        else (f"{len(rows)} task images: {built} built, {cached} already there ({seconds} s)")
+    )
+
+
 @dev_app.command("graph")
 def dev_graph(
     out: Annotated[Path, typer.Option(help="SVG file to write.")] = Path("docs/architecture.svg"),

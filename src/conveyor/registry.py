@@ -385,6 +385,7 @@ RUNTIMES: Registry[RuntimeSpec] = Registry(
         "local": "conveyor.runtime.local",
         "bubblewrap": "conveyor.runtime.bubblewrap",
         "docker": "conveyor.runtime.docker",
+        "container": "conveyor.runtime.docker",
     },
 )
 EXECUTORS: Registry[ExecutorSpec] = Registry(

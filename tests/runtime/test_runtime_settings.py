@@ -33,7 +33,7 @@ def test_docker_needs_an_image() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"kind": 1}, {"workspace_size_bytes": 0}, {"workspace_size_bytes": "1G"}, {"image": "x"}],
+    [{"kind": 1}, {"workspace_size_bytes": 0}, {"workspace_size_bytes": "1G"}, {"images": "x"}],
 )
 def test_bad_values_and_unknown_keys_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):

@@ -431,8 +431,11 @@ class RuntimeConfig(Section):
         default=AUTO,
         description="Runtime of every rollout: 'auto' (each task family's default: simulated "
         "for arithmetic and filenav, bubblewrap for swe) or a registered runtime kind "
-        "(simulated, local, bubblewrap, docker, or a plugin's). A family refuses at start a "
-        "kind it cannot use.",
+        "(simulated, local, bubblewrap, container, docker, or a plugin's). 'container' runs "
+        "each rollout in its task's own image on runtime.engine, the workspace at /testbed "
+        "(SWE: the per-task images of `conveyor images build`, or runtime.image); 'docker' "
+        "runs every rollout in runtime.docker_image, the workspace at /workspace. A family "
+        "refuses at start a kind it cannot use.",
     )
     options: KindOptions = Field(
         default_factory=NoOptions,
@@ -443,6 +446,14 @@ class RuntimeConfig(Section):
         default=None,
         description="Image of the docker runtime's containers (needed when kind is 'docker'); "
         "the task's workspace is mounted at /workspace in it.",
+    )
+    image: str | None = Field(
+        default=None,
+        description="Kind 'container': the name of each task's image as a template with the "
+        "row's fields {instance_id}, {repo}, {version} (e.g. "
+        "'swebench/sweb.eval.x86_64.{instance_id}'), for images pulled from a registry "
+        "beforehand; a run refuses to start while any is missing. None: the images Conveyor "
+        "builds per task on this machine (`conveyor images build --config C`).",
     )
     engine: Literal["auto", "podman", "docker"] = Field(
         default="auto",

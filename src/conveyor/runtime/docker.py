@@ -102,6 +102,7 @@ def container_spec(
     docker: str = "docker",
     labels: Mapping[str, str] | None = None,
     tmpfs: Sequence[str] = (),
+    ro_binds: Mapping[Path, str] | None = None,
 ) -> list[str]:
     """The `docker run -d ...` argv of a rollout's container (`KEEPER` idles until `rm -f`).
 
@@ -110,6 +111,8 @@ def container_spec(
     `uid[:gid]` or a name known to the image; `None` keeps the image's user. `labels` are added
     to `conveyor.sandbox=1`; `tmpfs` are more folders that start empty, like `/tmp`, each of
     `limits.tmp_bytes` (programs may run from them: `exec`, which engines leave out by default).
+    `ro_binds` maps more host folders to where they show, read-only, inside the container (a
+    path of the container's own: a host path under a 0700 home would be unreachable there).
     """
     argv = [docker, "run", "-d", "--name", name, "--label", f"{SANDBOX_LABEL}=1"]
     for key, value in sorted((labels or {}).items()):
@@ -138,6 +141,8 @@ def container_spec(
     for folder in [*([env_dir] if env_dir is not None else []), *extra_ro_binds]:
         source = Path(folder).resolve()
         argv += ["--mount", f"type=bind,source={source},target={source},readonly"]
+    for host, target in sorted((ro_binds or {}).items()):
+        argv += ["--mount", f"type=bind,source={Path(host).resolve()},target={target},readonly"]
     for key, value in sorted((env or {}).items()):
         argv += ["--env", f"{key}={value}"]
     return [*argv, image, "sh", "-c", KEEPER]
@@ -166,6 +171,7 @@ class DockerRuntime:
         env: Mapping[str, str] | None = None,
         docker: str | Engine = "docker",
         tmpfs: Sequence[str] = (),
+        ro_binds: Mapping[Path, str] | None = None,
     ):
         self.image = image
         self.limits = limits if limits is not None else SandboxLimits()
@@ -187,6 +193,7 @@ class DockerRuntime:
             docker=self.docker,
             labels=owner_labels(),
             tmpfs=tmpfs,
+            ro_binds=ro_binds,
         )
         self._started = False
         self._closed = False
@@ -304,6 +311,11 @@ class DockerRuntime:
 
 
 DOCKER_WORKDIR = "/workspace"
+CONTAINER_WORKDIR = "/testbed"
+# The image's own world-writable folders besides /tmp: tmpfs mounts of `limits.tmp_bytes`, so
+# that a command (no capabilities, not root) can fill no disk but its workspace's (the
+# engine's overlay cannot be size-limited on ext4: `--storage-opt size` needs XFS).
+WRITABLE_DIRS = ("/var/tmp", "/run/lock")
 
 
 @RUNTIMES.register("docker", needs_image=True)
@@ -325,4 +337,33 @@ def build_docker(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRunt
         user=f"{owner.st_uid}:{owner.st_gid}",
         env=request.env_at(DOCKER_WORKDIR),
         docker=resolve_engine(settings.engine),
+    )
+
+
+@RUNTIMES.register("container")
+def build_container(request: RuntimeRequest, settings: RuntimeConfig) -> DockerRuntime:
+    """`runtime.kind: container`: a container of the task's own image (`request.image`, which
+    the family names: its per-task image, or `runtime.image` filled with the row's fields),
+    else `runtime.docker_image`, on `runtime.engine`, the request's workspace mounted at
+    /testbed (SWE-bench's layout), commands run as the workspace's owner. Nothing of the
+    host is mounted but the workspace and the request's read-only folders."""
+    image = request.image or settings.docker_image
+    if not image:
+        raise ValueError(
+            "runtime.kind 'container' needs the task's image: a task family that names one "
+            "(swe), or runtime.docker_image"
+        )
+    workspace = request.host_workspace("container")
+    owner = workspace.stat()
+    return DockerRuntime(
+        image,
+        limits=request.limits,
+        workdir=CONTAINER_WORKDIR,
+        workspace=workspace,
+        env_dir=request.env_dir,
+        extra_ro_binds=request.read_only,
+        user=f"{owner.st_uid}:{owner.st_gid}",
+        env=request.env_at(CONTAINER_WORKDIR),
+        docker=resolve_engine(settings.engine),
+        tmpfs=WRITABLE_DIRS,
     )

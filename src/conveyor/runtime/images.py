@@ -78,6 +78,14 @@ def image_exists(engine: Engine, tag: str) -> bool:
     return engine.run("image", "inspect", "--format", "{{.Id}}", tag).returncode == 0
 
 
+def stored_image(engine: Engine, tag: str) -> BuiltImage | None:
+    """`tag` as the store holds it (`built` False), or None when it is missing."""
+    began = time.monotonic()
+    if not image_exists(engine, tag):
+        return None
+    return BuiltImage(tag, False, time.monotonic() - began, image_size(engine, tag))
+
+
 def image_size(engine: Engine, tag: str) -> int | None:
     """The image's size in bytes as the engine reports it, or None."""
     done = engine.run("image", "inspect", "--format", "{{.Size}}", tag)
@@ -142,4 +150,63 @@ def ensure_base_image(
             argv = engine.argv("import", "--change", f"ENV PATH={_PATH}")
             argv += ["--change", 'CMD ["/bin/bash"]', str(tarball), tag]
             _checked(argv, f"{engine.name} import", dict(engine.env) if engine.env else None)
+    return BuiltImage(tag, True, time.monotonic() - began, image_size(engine, tag))
+
+
+class MissingImages(ValueError):
+    """Images a run needs that the engine's store does not hold; the message lists them and
+    says how to get them."""
+
+    def __init__(self, missing: list[tuple[str, str]], how: str) -> None:
+        self.missing = missing
+        shown = ", ".join(f"{task} ({tag})" for task, tag in missing[:20])
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        super().__init__(f"{len(missing)} task images are missing: {shown}{more}; {how}")
+
+
+def build_image(
+    engine: Engine,
+    tag: str,
+    context: Path,
+    containerfile: str,
+    *,
+    force: bool = False,
+    labels: dict[str, str] | None = None,
+) -> BuiltImage:
+    """`tag` built from `containerfile` (its text) over the folder `context`, unless the store
+    already holds it (`force`: build anyway). The build has no network (`--network none`):
+    whatever it installs is in the context. Concurrent builders of one tag build it once (a
+    lock file per tag). `ImageBuildError` with the engine's own reason."""
+    began = time.monotonic()
+    if not force and image_exists(engine, tag):
+        return BuiltImage(tag, False, time.monotonic() - began, image_size(engine, tag))
+    lock_dir = cache_dir() / "containers" / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(tag.encode()).hexdigest()[:16]
+    with open(lock_dir / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and image_exists(engine, tag):
+            return BuiltImage(tag, False, time.monotonic() - began, image_size(engine, tag))
+        (context / "Containerfile").write_text(containerfile)
+        argv = engine.argv("build", "-q", "--network", "none", "-f", "Containerfile", "-t", tag)
+        for name, value in sorted((labels or {}).items()):
+            argv += ["--label", f"{name}={value}"]
+        env = dict(engine.env) if engine.env else None
+        try:
+            done = subprocess.run(
+                [*argv, "."],
+                cwd=context,
+                capture_output=True,
+                text=True,
+                timeout=_BUILD_TIMEOUT_S,
+                check=False,
+                env=env,
+            )
+        except FileNotFoundError as exc:
+            raise ImageBuildError(f"{engine.name} build: {engine.client} is not installed") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise ImageBuildError(f"{engine.name} build of {tag} took too long") from exc
+        if done.returncode != 0:
+            why = (done.stderr or done.stdout).strip()[-2000:]
+            raise ImageBuildError(f"{engine.name} build of {tag} failed: {why}")
     return BuiltImage(tag, True, time.monotonic() - began, image_size(engine, tag))

@@ -45,6 +45,8 @@ class RuntimeRequest:
     limits: SandboxLimits | None = None
     # Host folders the runtime's commands must see empty (only a kind whose spec `hides_paths`).
     hidden: Sequence[Path] = ()
+    # The task's own container image (kind `container`); None: the kind's configured image.
+    image: str | None = None
 
     def __post_init__(self) -> None:
         if (self.files is None) == (self.workspace is None):

@@ -232,7 +232,7 @@ async def validated(row: SweRow, options: GradingOptions) -> Validation:
     """The row's validation, from the cache or made now (once, under a lock)."""
     from conveyor.tasks.swe import grading  # the grader runs the canaries: no import loop
 
-    env = await run_in_pool("reward", grading.row_environment, row)
+    env = await run_in_pool("reward", grading.row_environment, row, options)
     key = hashlib.sha256(f"{row_key(row)}/{env.path.name}".encode()).hexdigest()[:20]
     path = swe_home() / "canaries" / f"{safe_name(row.instance_id)[:80]}-{key}.json"
     cached = _read(path)
@@ -264,8 +264,8 @@ async def _validate(row: SweRow, options: GradingOptions, swap: bool | None) -> 
     from conveyor.tasks.swe import grading  # the grader runs the canaries: no import loop
 
     template = await run_in_pool("reward", grading.row_template, row)
-    env = await run_in_pool("reward", grading.row_environment, row)
-    metadata = await run_in_pool("reward", grading.row_metadata, row)
+    env = await run_in_pool("reward", grading.row_environment, row, options)
+    metadata = await run_in_pool("reward", grading.row_metadata, row, options)
     workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
     try:
         try:

@@ -14,6 +14,7 @@ import typer
 import yaml
 
 if TYPE_CHECKING:
+    from conveyor.config import RuntimeConfig
     from conveyor.tasks.swe.grading import GradingOptions
 
 tasks_app = typer.Typer(
@@ -106,7 +107,9 @@ def grade_command(
         typer.Option(
             "--set",
             help=f"A grading setting, a key of {GRADING_KEY} (the prefix may be written out): "
-            "--set run_timeout_s=1200 (repeatable; after --config, before the flags below).",
+            "--set run_timeout_s=1200 (repeatable; after --config, before the flags below); "
+            "or a runtime setting: --set runtime.kind=container grades in the row's own "
+            "container image (built first when missing; runtime.engine, runtime.image too).",
         ),
     ] = None,
     partial_credit: Annotated[
@@ -138,10 +141,16 @@ def grade_command(
         "per_test_timeout_s": test_timeout,
         "semantics": semantics,
     }
+    grading_sets = [x for x in set_ or [] if not x.strip().startswith("runtime.")]
     try:
-        options = grading_options(config, set_ or [], flags)
+        options = grading_options(config, grading_sets, flags)
+        settings = runtime_settings(config, [x for x in set_ or [] if x not in grading_sets])
     except ValueError as exc:
         _fail(str(exc))
+    if settings.kind == "container" and options.runtime in ("auto", "container"):
+        options = options.in_containers(settings)
+    elif options.runtime == "container":
+        options = options.in_containers(settings)
     if options.unsandboxed:
         typer.secho(f"WARNING: {UNSANDBOXED_WARNING}", fg=typer.colors.RED, err=True)
     try:
@@ -150,6 +159,16 @@ def grade_command(
         _fail(str(exc))
     # Byte-exact (no newline translation): a patch of a CRLF file must keep its "\r".
     text = row.patch if gold else (_read_patch(patch) if patch else "")
+    if options.runtime == "container":
+        from conveyor.runtime.images import ImageBuildError
+        from conveyor.tasks.swe.images import ensure_row_image
+
+        try:
+            image, built = ensure_row_image(row, settings, say=_say)
+        except (ImageBuildError, ValueError) as exc:
+            _fail(str(exc))
+        if built is not None and built.built:
+            _say(f"built {image} in {built.seconds:.1f} s")
     try:
         report = asyncio.run(grade(row, text, options))
     except (ValueError, TaskDefect) as exc:
@@ -176,6 +195,34 @@ def grade_command(
             typer.echo(f"  {report.error}")
         for nodeid in report.failing[:10]:
             typer.echo(f"  failing: {nodeid}")
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def runtime_settings(config: Path | None, settings: list[str]) -> RuntimeConfig:
+    """The runtime settings of `conveyor tasks grade`: `config`'s `runtime` section, then each
+    `runtime.KEY=VALUE` of `settings`. `ValueError` naming a bad one."""
+    from pydantic import ValidationError
+
+    from conveyor.config import RuntimeConfig, load_config
+
+    values: dict[str, Any] = {}
+    if config is not None:
+        values = load_config(config).config.runtime.model_dump(exclude_unset=True)
+    for setting in settings:
+        key, eq, raw = setting.partition("=")
+        if not eq:
+            raise ValueError(f"--set {setting!r}: expected KEY=VALUE, e.g. runtime.kind=container")
+        values[key.strip().removeprefix("runtime.")] = yaml.safe_load(raw)
+    try:
+        return RuntimeConfig.model_validate(values)
+    except ValidationError as error:
+        why = "; ".join(
+            f"runtime.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+        )
+        raise ValueError(why) from None
 
 
 def _read_patch(path: Path) -> str:

@@ -10,11 +10,14 @@ task between splits.
 
 Per rollout (`make_runtime`): an overlay workspace of the task's starting state, a runtime of
 `runtime.kind` over it (bubblewrap by default; local or docker) with the project's test venv
-mounted read-only, and the task's code index (built once per starting state, shared, cached on
-disk) attached to the runtime for the `search_code` tool. The blocking set-up runs on the
-`init` CPU pool. `grade` grades the workspace's diff with `grading.grade` (a `Grade` whose
-breakdown has `resolved` and `tampered`; `score` is its reward alone); `oracle_calls`
-applies the gold patch through `str_replace_editor` edits, then finishes.
+mounted read-only, or (kind `container`) a container of the row's own image (`swe.images`:
+the test venv inside it, the workspace at /testbed; the grader's tests run in it too, and a
+run refuses to start while an image is missing), and the task's code index (built once per
+starting state, shared, cached on disk) attached to the runtime for the `search_code` tool.
+The blocking set-up runs on the `init` CPU pool. `grade` grades the workspace's diff with
+`grading.grade` (a `Grade` whose breakdown has `resolved` and `tampered`; `score` is its
+reward alone); `oracle_calls` applies the gold patch through `str_replace_editor` edits,
+then finishes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from conveyor.agent.tools import ToolContext, ToolRegistry, finish, tool
 from conveyor.config import RuntimeConfig
 from conveyor.runtime.base import Runtime, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
+from conveyor.runtime.docker import CONTAINER_WORKDIR
 from conveyor.runtime.selection import RuntimeRequest, build_runtime, started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
 from conveyor.tasks.family import (
@@ -51,12 +55,14 @@ from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.grading import (
     UNSANDBOXED_WARNING,
     grade_runtime,
+    row_container,
     row_environment,
     row_metadata,
     row_template,
     test_env_vars,
 )
 from conveyor.tasks.swe.hints import SweHintPolicy
+from conveyor.tasks.swe.images import check_images
 from conveyor.tasks.swe.options import TASKS_ENV, SweOptions, default_row_files, resolve_swe_options
 from conveyor.tasks.swe.patches import apply_patch, file_diff, patch_paths, read_text, split_lines
 from conveyor.tasks.swe.tools import make_bash_tool, str_replace_editor
@@ -145,7 +151,7 @@ class SweFamily:
     name = "swe"
     # The kinds a rollout can run in (the first is auto's): a workspace on this host, with
     # commands sandboxed, plain or in a container.
-    runtimes: tuple[str, ...] = ("bubblewrap", "local", "docker")
+    runtimes: tuple[str, ...] = ("bubblewrap", "local", "docker", "container")
 
     @property
     def reward_budget_s(self) -> float:
@@ -161,6 +167,10 @@ class SweFamily:
         options = services.options if services is not None else {}
         self.options = family_options(self.name, SweOptions, options)
         self.grading = self.options.grading
+        # Under kind 'container' the grader's tests run in the row's container too.
+        in_containers = self.runtime_kind == "container" and self.grading.runtime == "auto"
+        if in_containers or self.grading.runtime == "container":
+            self.grading = self.grading.in_containers(self.runtime)
         if self.grading.unsandboxed:
             log.warning(UNSANDBOXED_WARNING)
 
@@ -199,7 +209,15 @@ class SweFamily:
             return f"swe: only {held} '{split}' tasks in {files}; asked for {n}"
 
         chosen = shuffled_pool(self.name, rows, n, seed, split, shortage)
+        if self.runtime_kind == "container" or self.grading.runtime == "container":
+            # Refuse to start rather than build images inside the first step.
+            check_images(chosen, self.grading.container_settings)
         return [self.task(row, split, i) for i, row in enumerate(chosen)]
+
+    @property
+    def root(self) -> str:
+        """Where the task's repository shows to the policy."""
+        return CONTAINER_WORKDIR if self.runtime_kind == "container" else "/workspace"
 
     def task(self, row: SweRow, split: str = "eval", index: int = 0) -> Task:
         """The `Task` of one row."""
@@ -207,7 +225,7 @@ class SweFamily:
             self.name,
             split,
             index,
-            opening(SYSTEM_PROMPT, row.problem_statement),
+            opening(SYSTEM_PROMPT.replace("/workspace", self.root), row.problem_statement),
             {"row": row.model_dump(mode="json")},
             name=row.instance_id,
         )
@@ -230,7 +248,7 @@ class SweFamily:
             size_bytes=self.runtime.workspace_size_bytes,
         )
         try:
-            request = await run_in_pool("init", _runtime_request, row, workspace)
+            request = await run_in_pool("init", self._runtime_request, row, workspace)
             inner = build_runtime(self.runtime_kind, request, self.runtime)
         except BaseException:
             await run_in_pool("init", workspace.remove)
@@ -283,9 +301,23 @@ class SweFamily:
         """The gold patch as editor calls (one `str_replace` per hunk), then `finish`."""
         row = SweRow.model_validate(task.data["row"])
         return [
-            *gold_edits(row, row_template(row)),
+            *gold_edits(row, row_template(row), self.root),
             ToolCall(name="finish", arguments={"answer": "Fixed the bug (gold patch applied)."}),
         ]
+
+    def _runtime_request(self, row: SweRow, workspace: Workspace) -> RuntimeRequest:
+        """`_runtime_request`; under kind 'container', the row's own image with the test
+        environment inside it (nothing of the host mounted but the workspace)."""
+        if self.runtime_kind != "container":
+            return _runtime_request(row, workspace)
+        target = row_container(row, self.grading)
+        env = row_environment(row, self.grading)
+        metadata = row_metadata(row, self.grading)
+
+        def env_at(root: str) -> dict[str, str]:
+            return test_env_vars(env, root, row.env.pythonpath, metadata)
+
+        return RuntimeRequest(workspace=workspace.path, env_at=env_at, image=target.image)
 
 
 async def _workspace_root() -> Path:

@@ -34,6 +34,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ from conveyor.registry import RUNTIMES
 from conveyor.runtime.base import ExecResult, Runtime, RuntimeFailure
 from conveyor.runtime.bubblewrap import BubblewrapRuntime, bubblewrap_available
 from conveyor.runtime.cpu_pools import run_in_pool
+from conveyor.runtime.docker import WRITABLE_DIRS, DockerRuntime
+from conveyor.runtime.engine import Engine, engine_available, resolve_engine
+from conveyor.runtime.images import ImageBuildError
 from conveyor.runtime.limits import SANDBOX_GID, SANDBOX_UID, SandboxLimits
 from conveyor.runtime.local import LocalRuntime
 from conveyor.runtime.selection import started
@@ -58,6 +62,16 @@ from conveyor.tasks.swe.environment import (
 )
 from conveyor.tasks.swe.environment import test_environment as build_test_environment
 from conveyor.tasks.swe.guards import is_test_file
+from conveyor.tasks.swe.images import (
+    GRADER,
+    METADATA,
+    RUN_DIR,
+    TESTBED,
+    how_to_get,
+    image_environment,
+    image_present,
+    row_image,
+)
 from conveyor.tasks.swe.options import GradingOptions
 from conveyor.tasks.swe.patches import (
     PatchError,
@@ -152,6 +166,42 @@ def make_test_runtime(
     raise ValueError(f"unknown grading runtime {kind!r}; use auto, bubblewrap or local")
 
 
+@dataclass(frozen=True)
+class ContainerTarget:
+    """Where the grader's tests run in a container: the engine and the row's image."""
+
+    engine: Engine
+    image: str
+
+
+def container_test_runtime(
+    target: ContainerTarget,
+    workspace: Path,
+    run_dir: Path,
+    limits: SandboxLimits | None,
+    variables: dict[str, str],
+) -> DockerRuntime:
+    """A (not yet started) container of the row's image over `workspace` at /testbed, run as
+    the sandbox user with no network and the limits of `limits`; the grader's folder and this
+    run's settings (`run_dir`) mounted read-only at container paths, nothing else of the host.
+    The container's stdout carries the outcomes, so its capture is large."""
+    from conveyor.tasks.swe.environment import grader_dir
+
+    limits = limits if limits is not None else SandboxLimits()
+    limits = limits.model_copy(update={"output_bytes": max(limits.output_bytes, 64 << 20)})
+    return DockerRuntime(
+        target.image,
+        limits=limits,
+        workdir=TESTBED,
+        workspace=workspace,
+        ro_binds={grader_dir(): GRADER, run_dir: RUN_DIR},
+        user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+        env=variables,
+        docker=target.engine,
+        tmpfs=WRITABLE_DIRS,
+    )
+
+
 def test_env_vars(
     env: TestEnvironment, root: str, pythonpath: str, metadata: Path | None = None
 ) -> dict[str, str]:
@@ -193,6 +243,7 @@ async def run_tests(
     limits: SandboxLimits | None = None,
     metadata: Path | None = None,
     test_files: Sequence[str] | None = None,
+    container: ContainerTarget | None = None,
 ) -> TestRun:
     """Run pytest in a sandbox over `workspace`: `select` (node ids), else `paths` (test files
     or folders), else the whole suite as the project configures it. `metadata`: the project's
@@ -200,7 +251,8 @@ async def run_tests(
     `per_test_timeout_s` 0 arms no per-test alarm (the whole-run deadline still holds).
     `test_files`: the task's declared test files (relative), whose code the test process's audit
     hook trusts and protects (every `conftest.py` is added); by default every file named like
-    a test.
+    a test. `container`: run in that image's container instead (`env` and `metadata` then
+    are paths inside it: `images.image_environment`), see `container_test_runtime`.
     """
     args: list[str] = list(paths or [])
     if select is not None:
@@ -224,11 +276,21 @@ async def run_tests(
         shared = private / "ro"
         shared.mkdir(mode=0o755)
         os.chmod(private, 0o755)
-        mounts = [shared, *([metadata] if metadata is not None else [])]
-        runtime = make_test_runtime(workspace, env, runtime_kind, limits, mounts)
+        runtime: Runtime
+        if container is not None:
+            # No fd crosses the engine's client: the channel is the container's stdout (fd 3
+            # of the test process; its own stdout goes to stderr). As with an inherited fd,
+            # a test can write there: the channel's rules and the canaries judge the lines.
+            variables = test_env_vars(env, TESTBED, pythonpath, metadata)
+            runtime = container_test_runtime(container, workspace, shared, limits, variables)
+            run_json, channel_fd = f"{RUN_DIR}/run.json", 3
+        else:
+            mounts = [shared, *([metadata] if metadata is not None else [])]
+            runtime = make_test_runtime(workspace, env, runtime_kind, limits, mounts)
+            run_json, channel_fd = str(shared / "run.json"), fd
         root = str(runtime.root)
         config = {
-            "outcomes_fd": fd,
+            "outcomes_fd": channel_fd,
             "select": sorted(set(select)) if select is not None else None,
             "timeout_s": per_test_timeout_s,
             "paths": [os.path.normpath(os.path.join(root, pythonpath))]
@@ -239,23 +301,32 @@ async def run_tests(
         }
         (shared / "run.json").write_text(json.dumps(config))
         os.chmod(shared / "run.json", 0o644)
-        runtime.extra_env.update(test_env_vars(env, root, pythonpath, metadata))
+        if isinstance(runtime, (BubblewrapRuntime, LocalRuntime)):
+            runtime.extra_env.update(test_env_vars(env, root, pythonpath, metadata))
         files = " ".join(shlex.quote(a) for a in args)
         # The row's pytest flags, then ours: on a flag given twice, the grader's wins.
         row_flags = shlex.join(parse_test_command(test_cmd).pytest_flags)
         command = (
-            f"{pytest_command(test_cmd, env)} {shlex.quote(str(shared / 'run.json'))} "
+            f"{pytest_command(test_cmd, env)} {shlex.quote(run_json)} "
             f"{row_flags} {_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
         )
+        if container is not None:
+            command += " 3>&1 1>&2"
         await started(runtime)  # waits for the run's start limits: not the tests' time
         start = time.monotonic()
         try:
-            result: ExecResult = await runtime.exec(command, run_timeout_s, pass_fds=(fd,))
+            if container is not None:
+                result: ExecResult = await runtime.exec(command, run_timeout_s)
+            else:
+                result = await runtime.exec(command, run_timeout_s, pass_fds=(fd,))  # type: ignore[call-arg]
         finally:
             await runtime.close()
         os.close(fd)
         fd = -1
-        text = (private / "outcomes.jsonl").read_text(encoding="utf-8", errors="replace")
+        if container is not None:
+            text, result = result.stdout, result.model_copy(update={"stdout": ""})
+        else:
+            text = (private / "outcomes.jsonl").read_text(encoding="utf-8", errors="replace")
     finally:
         if fd >= 0:
             os.close(fd)
@@ -294,6 +365,7 @@ async def run_row_tests(
         limits=SandboxLimits(memory_bytes=options.memory_bytes),
         metadata=metadata,
         test_files=declared_test_files(row, template),
+        container=row_container(row, options) if options.runtime == "container" else None,
     )
 
 
@@ -339,14 +411,41 @@ def row_template(row: SweRow) -> Path:
     return task_template(project, row.version, row.env.setup_patch, row.instance_id)
 
 
-def row_environment(row: SweRow) -> TestEnvironment:
-    """The test venv of a row (cached per dependency list)."""
+def row_environment(row: SweRow, options: GradingOptions | None = None) -> TestEnvironment:
+    """The test venv of a row (cached per dependency list); under runtime 'container', the
+    one inside the row's image (`RuntimeFailure` when the image is missing)."""
+    if options is not None and options.runtime == "container":
+        target = row_container(row, options)
+        try:
+            return image_environment(target.engine, target.image)
+        except ImageBuildError as exc:
+            raise RuntimeFailure(f"{row.instance_id}: {exc}") from exc
     return build_test_environment(row.env.extra_test_deps)
 
 
-def row_metadata(row: SweRow) -> Path | None:
-    """The project's `.dist-info` folder of a `pypi:` row (cached per release)."""
+def row_metadata(row: SweRow, options: GradingOptions | None = None) -> Path | None:
+    """The project's `.dist-info` folder of a `pypi:` row (cached per release); under runtime
+    'container', its place inside the row's image."""
+    if options is not None and options.runtime == "container":
+        return Path(METADATA) if row.project else None
     return project_metadata(row.project, row.version) if row.project else None
+
+
+def row_container(row: SweRow, options: GradingOptions) -> ContainerTarget:
+    """The engine and image the row's tests run in under runtime 'container'. Fails closed:
+    `RuntimeFailure` (an infrastructure error, never a score) when the engine does not answer
+    or the image is missing."""
+    settings = options.container_settings
+    engine = resolve_engine(settings.engine)
+    ok, why = engine_available(engine)
+    if not ok:
+        raise RuntimeFailure(f"the grader's container engine is not usable here: {why}")
+    image = row_image(row, settings)
+    if not image_present(engine, image):
+        raise RuntimeFailure(
+            f"{row.instance_id}: its image {image} is missing; {how_to_get(settings)}"
+        )
+    return ContainerTarget(engine, image)
 
 
 def _check_test_patch(row: SweRow, template: Path) -> None:
@@ -366,8 +465,8 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     options = options or GradingOptions()
     start = time.monotonic()
     template = await run_in_pool("reward", row_template, row)
-    env = await run_in_pool("reward", row_environment, row)
-    metadata = await run_in_pool("reward", row_metadata, row)
+    env = await run_in_pool("reward", row_environment, row, options)
+    metadata = await run_in_pool("reward", row_metadata, row, options)
     rules = await run_in_pool("reward", task_protection_rules, row, template, env)
     base: dict[str, Any] = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
     base |= dict(p2p_total=len(row.PASS_TO_PASS))

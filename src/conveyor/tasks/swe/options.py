@@ -24,12 +24,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from conveyor.config.sections import AUTO
+from conveyor.config.sections import AUTO, RuntimeConfig
 from conveyor.registry import RUNTIMES
 from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.test_run import Semantics
@@ -111,14 +112,15 @@ class RowsFile(BaseModel):
 
 # `GradingOptions` lives here, not in `grading.py`, because the canaries (which the grader runs)
 # take it too: defined in the grader, it would tie the two modules into a type-level loop.
-GradingRuntime = Literal["auto", "bubblewrap", "local"]
+GradingRuntime = Literal["auto", "bubblewrap", "local", "container"]
 
 
 class GradingOptions(BaseModel):
     """How tests are run for grading (`tasks.options.swe.grading`, `conveyor tasks grade --set`).
 
-    The grader's tests always run in bubblewrap (`runtime` `auto` or `bubblewrap`; a sandbox
-    that cannot start is an infrastructure error, never a reason to run without it). `local`
+    The grader's tests run in bubblewrap (`runtime` `auto` or `bubblewrap`), or in the row's
+    own container image (`container`, which `auto` becomes under `runtime.kind: container`); a
+    sandbox that cannot start is an infrastructure error, never a reason to run without it. `local`
     runs them unsandboxed on this host, where the policy's code could rewrite its own verdict:
     only with `unsandboxed_grading_i_trust_the_policy: true`, and said in a warning at start.
     """
@@ -129,7 +131,10 @@ class GradingOptions(BaseModel):
     run_timeout_s: float = Field(900.0, gt=0, description="Whole pytest run.")
     partial_credit: bool = Field(False, description="Reward the share of F2P passing.")
     runtime: GradingRuntime = Field(
-        "auto", description="auto (= bubblewrap) | bubblewrap | local (needs the key below)"
+        "auto",
+        description="auto (= bubblewrap; = container under runtime.kind container) | "
+        "bubblewrap | container (the row's own image, on runtime.engine) | local (needs the "
+        "key below)",
     )
     unsandboxed_grading_i_trust_the_policy: bool = Field(
         False, description="Allow runtime 'local': the graded tests run without a sandbox."
@@ -144,6 +149,21 @@ class GradingOptions(BaseModel):
         2, ge=0, description="Hidden canary tests per row (`swe.canaries`); 0 runs none."
     )
 
+    # The run's runtime settings (engine, runtime.image) for runtime 'container'; set by the
+    # family or `conveyor tasks grade`, never read from the options' own keys.
+    _container: RuntimeConfig | None = PrivateAttr(None)
+
+    def in_containers(self, settings: RuntimeConfig) -> GradingOptions:
+        """These options grading in the rows' containers on `settings`' engine and images."""
+        moved = self.model_copy(update={"runtime": "container"})
+        moved._container = settings
+        return moved
+
+    @property
+    def container_settings(self) -> RuntimeConfig:
+        """The runtime settings runtime 'container' grades with (the defaults if none)."""
+        return self._container if self._container is not None else RuntimeConfig()
+
     @model_validator(mode="after")
     def _unsandboxed_only_when_meant(self) -> Self:
         trusted = self.unsandboxed_grading_i_trust_the_policy
@@ -156,7 +176,7 @@ class GradingOptions(BaseModel):
         if trusted and not self.unsandboxed:
             raise ValueError(
                 "unsandboxed_grading_i_trust_the_policy: true does nothing unless runtime is "
-                f"'local' (runtime {self.runtime!r} grades in bubblewrap); remove it"
+                f"'local' (runtime {self.runtime!r} grades in a sandbox); remove it"
             )
         return self
 
