@@ -162,3 +162,33 @@ def test_a_head_count_the_degree_does_not_divide_is_refused() -> None:
     model = AutoModelForCausalLM.from_config(Qwen3Config(**{**SHAPES["tiny"], "num_hidden_layers": 1}))
     with pytest.raises(ValueError, match="has 4 \\(not a multiple of 3\\)"):
         context_parallel.use_on(model, 3)
+
+
+def test_plan_divides_activations_and_logits_by_the_context_parallel_degree() -> None:
+    """`conveyor plan` on the one-node GPU recipe (6 trainer GPUs): context parallel 2 halves
+    each device's activations and logits, keeps the whole row's attention mask, and a degree
+    that does not divide the trainer's devices is refused naming the key."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from conveyor import cli
+
+    recipe = str(Path(__file__).resolve().parents[2] / "configs" / "swe-gpu.yaml")
+    hardware = ["--nodes", "1", "--gpus-per-node", "8", "--gpu-memory-gib", "80", "--json"]
+
+    def plan(*sets: str) -> tuple[int, dict[str, Any]]:
+        args = ["plan", recipe, *hardware, *(x for s in sets for x in ("--set", s))]
+        result = CliRunner().invoke(cli.app, args)
+        return result.exit_code, json.loads(result.output.strip().splitlines()[-1])
+
+    code, one = plan()
+    assert code == 0 and one["trainer"]["context_parallel"] == 1
+    code, two = plan("trainer.context_parallel=2")
+    assert code == 0 and two["trainer"]["context_parallel"] == 2
+    a, b = one["trainer"]["per_device_gib"], two["trainer"]["per_device_gib"]
+    assert b["activations"] == pytest.approx(a["activations"] / 2, abs=0.01)
+    assert b["logits"] == pytest.approx(a["logits"] / 2, abs=0.01)
+    assert b["attention_mask"] == a["attention_mask"] and b["optimizer"] == a["optimizer"]
+    code, bad = plan("trainer.context_parallel=4")
+    assert code == 1 and [r["key"] for r in bad["refusals"]] == ["trainer.context_parallel"]
