@@ -218,8 +218,16 @@ def ulysses_attention(
     if state is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(  # type: ignore[no-any-return]
-            module, query, key, value, attention_mask, dropout, scaling, sliding_window, **kwargs
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            **kwargs,
         )
     if sliding_window is not None:
         raise ValueError("context parallelism does not support sliding-window attention")

@@ -291,7 +291,7 @@ class TorchTrainingEngine:
         self.optimizer.zero_grad(set_to_none=True)
         totals = _Totals()
         # the ranks of a context-parallel group compute the same loss: one of them counts it
-        counted = 1.0 if self._cp_rank == 0 else 0.0
+        counted = 1 if self._cp_rank == 0 else 0
         for micro in mine:
             tensors = self._collate(batch, micro)
             try:
