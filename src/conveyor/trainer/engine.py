@@ -27,7 +27,10 @@
 
 Under FSDP every rank gets the same full batch, runs its share of the micro-batches (padded with
 empty ones so all ranks run the same number of passes), and scales its loss by the world size to
-undo FSDP's gradient averaging.
+undo FSDP's gradient averaging. With `context_parallel` N, groups of N consecutive ranks share
+their micro-batches, each rank running one chunk of every row's tokens (`trainer/
+context_parallel.py`): the micro-batches are divided among the groups, and every rank of a
+group computes the same loss from the group's gathered logprobs.
 """
 
 from __future__ import annotations
