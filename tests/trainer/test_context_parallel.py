@@ -46,7 +46,9 @@ def _batch(case: str) -> TrainBatch:
     lengths = [TOKENS] if case == "padded" else [400, 300, 324]
     items = []
     for i, n in enumerate(lengths):
-        prompt = 96 + 10 * i
+        # the 4k sequence's prompt covers rank 0's whole chunk: only rank 1 has trained tokens,
+        # and rank 0's backward must still run (the keys it holds get gradients from rank 1)
+        prompt = 2100 if case == "padded" else 96 + 10 * i
         mask = [0] * prompt + [1] * (n - prompt)
         behaviour = (-torch.rand(n, generator=g) * 5).tolist()
         sample = TrainingSample(

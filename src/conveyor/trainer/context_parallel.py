@@ -73,10 +73,14 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    def mask(*args: Any, **kwargs: Any) -> Tensor | None:
+        # unsharded forwards (probes) get transformers' SDPA mask, packed rows included; under
+        # a split sequence the attention builds the whole row's mask itself, so none is made
+        # for the chunk
+        return None if _active is not None else sdpa_mask(*args, **kwargs)
+
     AttentionInterface.register(ATTENTION, ulysses_attention)
-    # unsharded forwards (probes) get transformers' SDPA mask, packed rows included; under an
-    # active sequence the mask is built here from the whole row instead
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, mask)
 
 
 def use_on(model: torch.nn.Module, cp: int) -> None:

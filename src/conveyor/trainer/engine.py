@@ -633,9 +633,12 @@ class TorchTrainingEngine:
 
         The model runs on the chunk (global positions, attention over the whole sequence by
         all-to-alls in its group, left active until the caller's backward is done), its final
-        hidden states go through the LM head in chunks of `logits_chunk_tokens` (all at once
-        without it), and the group's chunks of next-token logprobs are gathered into the
-        whole [B, T] row on every rank; columns outside `targets` hold 0.0, as `_logprobs`.
+        hidden states at the positions predicting a column of `targets` (every column without
+        them) go through the LM head in chunks of `logits_chunk_tokens` (all at once without
+        it), and the group's chunks of next-token logprobs are gathered into the whole [B, T]
+        row on every rank; other columns hold 0.0, as in `_logprobs`. A rank with no such
+        position still keeps its chunk's forward on the graph: its backward must run the same
+        all-to-alls as the others'.
         """
         assert self._decoder is not None and self._head is not None
         chunk = context_parallel.split(input_ids, position_ids, self.cp, self._cp_rank)
@@ -663,21 +666,27 @@ class TorchTrainingEngine:
                 "model's forward (FSDP resharded its root unit)"
             )
         rows, width = chunk.input_ids.shape
-        lp, _ = chunked_token_logprobs(
-            hidden.reshape(rows * width, -1),
-            weight,
-            chunk.targets.reshape(-1),
-            chunk_tokens=self.settings.logits_chunk_tokens or rows * width,
-            temperature=self.temperature,
-        )
-        lp = torch.where(chunk.valid, lp.view(rows, width), 0.0)
+        # the chunk's positions whose next token is a kept column (all rows share the columns)
+        wanted = torch.zeros(chunk.padded_length + 1, dtype=torch.bool, device=hidden.device)
+        wanted[1 : chunk.length] = True
+        if targets is not None:
+            wanted[1 : chunk.length] = False
+            wanted[targets] = True
+        first = self._cp_rank * width
+        columns = wanted[first + 1 : first + width + 1].nonzero().flatten()
+        lp = hidden.new_zeros((rows, width), dtype=torch.float32) + 0.0 * hidden.sum()
+        if columns.numel():
+            kept = columns.numel()
+            values, _ = chunked_token_logprobs(
+                hidden[:, columns].reshape(rows * kept, -1),
+                weight,
+                chunk.targets[:, columns].reshape(-1),
+                chunk_tokens=self.settings.logits_chunk_tokens or rows * kept,
+                temperature=self.temperature,
+            )
+            lp = lp.index_copy(1, columns, values.view(rows, kept))
         whole = context_parallel.gather_sequence(lp, self._cp_group, self._cp_rank)
-        out = context_parallel.next_token_to_token(whole, chunk.length)
-        if targets is None:
-            return out
-        keep = torch.zeros(chunk.length, dtype=torch.bool, device=out.device)
-        keep[targets] = True
-        return torch.where(keep, out, 0.0)
+        return context_parallel.next_token_to_token(whole, chunk.length)
 
     def _check_chunked_head(self) -> None:
         """Refuse a model whose logits are not `hidden @ lm_head.weight.T` (a bias, logit
