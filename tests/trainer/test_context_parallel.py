@@ -3,7 +3,8 @@ one rank: a 4096-token sequence on a tiny random Qwen3 built from a config (no d
 the same logprobs (1e-5, float32), loss, gradient norm and, reduced over the ranks, the same
 gradients as a single process running the whole sequence; so does a packed row of three
 sequences with chunked logits and activation checkpointing. Local-only attention on the same
-chunks (the wrong implementation) differs, so the check has teeth."""
+chunks (the wrong implementation) differs, so the check has teeth, and the engine's load probe
+refuses it."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def _worker(rank: int, port: int, folder: Path, out: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        results = {}
+        results: dict[str, Any] = {}
         for case, extra in CASES.items():
             settings = TrainerConfig(fsdp=True, context_parallel=2, **BASE, **extra)
             engine = TorchTrainingEngine(folder, settings)
@@ -111,6 +112,16 @@ def _worker(rank: int, port: int, folder: Path, out: Path) -> None:
                 # the wrong implementation: each rank attends only within its own chunk
                 engine.model.set_attn_implementation("sdpa")  # type: ignore[operator]
                 results[case]["local_only"] = engine.compute_logprobs(batch.samples)
+        # a model whose attention ignores transformers' interface (simulated: the switch to the
+        # context-parallel attention is skipped) is refused at load by the split-vs-whole probe
+        original = context_parallel.use_on
+        context_parallel.use_on = lambda model, cp: None  # type: ignore[assignment]
+        try:
+            TorchTrainingEngine(folder, TrainerConfig(fsdp=True, context_parallel=2, **BASE))
+        except ValueError as error:
+            results["refused"] = str(error)
+        finally:
+            context_parallel.use_on = original  # type: ignore[assignment]
         torch.save(results, out / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -142,6 +153,7 @@ def test_two_context_parallel_ranks_equal_one_rank_on_4k_tokens(tmp_path: Path) 
                 assert error < GRAD_TOL, (case, name, float(error))
     for got in ranks:
         assert _max_diff(got["padded"]["local_only"], expected_padded) > 1e-2
+        assert "does not attend across the chunks" in got.get("refused", "not refused")
 
 
 def test_split_gives_each_rank_a_chunk_with_global_positions_and_targets() -> None:

@@ -252,6 +252,8 @@ class TorchTrainingEngine:
             self._check_chunked_head()
         if settings.packing:
             self._check_packing()
+        if self.cp > 1:
+            self._check_context_parallel()
 
     @property
     def policy_version(self) -> int:
@@ -687,6 +689,28 @@ class TorchTrainingEngine:
             lp = lp.index_copy(1, columns, values.view(rows, kept))
         whole = context_parallel.gather_sequence(lp, self._cp_group, self._cp_rank)
         return context_parallel.next_token_to_token(whole, chunk.length)
+
+    def _check_context_parallel(self) -> None:
+        """Refuse a model on which the split forward is not the whole one (an attention that
+        ignores transformers' attention interface would attend within each chunk only): the
+        logprobs of a probe sequence split over the group must equal its unsplit ones."""
+        ids = _probe_ids(self.model, (3, 7), 4 * self.cp + 1)[None].to(self.device)
+        with _evaluating(self.model), torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            expected = token_logprobs(logits, ids, temperature=self.temperature)
+            try:
+                got = self._context_parallel_logprobs(ids, None, None)
+            finally:
+                context_parallel.deactivate()
+        diff = float((got - expected).abs().max())
+        if not diff <= 1e-3:
+            attention = getattr(self.model.config, "_attn_implementation", "?")
+            raise ValueError(
+                f"trainer.context_parallel: {type(self.model).__name__} (attention "
+                f"{attention!r}) does not attend across the chunks of a split sequence (a "
+                f"probe's logprobs split over {self.cp} ranks differ from its own by "
+                f"{diff:.2e}); set context_parallel: 1"
+            )
 
     def _check_chunked_head(self) -> None:
         """Refuse a model whose logits are not `hidden @ lm_head.weight.T` (a bias, logit
