@@ -88,6 +88,7 @@ def _trainer_inputs(config: ConveyorConfig, arch: Architecture) -> dict[str, Any
         "checkpointing": trainer.gradient_checkpointing,
         "logits_chunk_tokens": logits_chunk_tokens(config),
         "dense_mask": True,  # right-padded rows under sdpa
+        "context_parallel": int(getattr(trainer, "context_parallel", 1)),
     }
 
 
@@ -104,6 +105,9 @@ def _alternatives(
         out.append(("cluster.trainer_workers", str(free), inputs, free))
     if not inputs["checkpointing"]:
         out.append(("trainer.gradient_checkpointing", "true", {**inputs, "checkpointing": True}, 0))
+    if trainer.fsdp and inputs["context_parallel"] == 1 and shards > 1 and shards % 2 == 0:
+        split = {**inputs, "context_parallel": 2}
+        out.append(("trainer.context_parallel", "2", split, 0))
     has_chunks = "logits_chunk_tokens" in type(trainer).model_fields
     if has_chunks and not inputs["logits_chunk_tokens"]:
         chunked = {**inputs, "logits_chunk_tokens": CHUNK_SUGGESTION}
@@ -278,6 +282,12 @@ def plan_memory(config: ConveyorConfig, hardware: Hardware) -> dict[str, Any]:
             )
         shards = max(1, len(trainer_devices)) if config.trainer.fsdp or wanted > 1 else 1
         inputs = _trainer_inputs(config, arch)
+        cp = inputs["context_parallel"]
+        if shards % cp:
+            refuse(
+                "trainer.context_parallel",
+                f"trainer.context_parallel={cp} must divide the trainer's {shards} device(s)",
+            )
         budget = memory - TRAINER_RESERVE_BYTES
         if colocated and set(trainer_devices) & set(engine_devices):
             budget = int((1 - COLOCATED_GPU_SHARE) * memory) - TRAINER_RESERVE_BYTES
@@ -330,6 +340,7 @@ def plan_memory(config: ConveyorConfig, hardware: Hardware) -> dict[str, Any]:
             "devices": trainer_devices,
             "shards": shards,
             "tokens_per_pass": inputs["tokens"],
+            "context_parallel": cp,
             "dtype": "float32 weights and AdamW state"
             + (", bf16 autocast" if inputs["autocast"] else ""),
             "gradient_checkpointing": inputs["checkpointing"],

@@ -9,7 +9,7 @@ import re
 from importlib import metadata
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from conveyor.config.base import PartChoice, Section, chooser, default_part
 from conveyor.registry import ADVANTAGES, BACKENDS, LOSSES
@@ -171,6 +171,18 @@ class TrainerConfig(Section):
         "sequences (flex or flash attention; under sdpa a long packed row is one dense mask, "
         "docs/scale.md). Checked at load on the model (packed vs separate logprobs).",
     )
+    context_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="Context-parallel degree: each micro-batch's rows are split into this many "
+        "contiguous chunks of tokens, one per rank of a context-parallel group (consecutive "
+        "FSDP ranks), with global positions; attention is exact over the whole sequence by "
+        "Ulysses all-to-alls of the attention heads (trainer/context_parallel.py, "
+        "docs/scale.md). Activations per rank shrink by this factor; the ranks of a group run "
+        "the same micro-batches, so data parallelism is the trainer ranks / this. Needs "
+        "fsdp: true, a rank count it divides, and attention heads it divides. Works with "
+        "packing and logits_chunk_tokens. 1: off.",
+    )
     device: str = Field(default="auto", description="auto (cuda if available) | cpu | cuda[:n].")
     seed: int = Field(default=0, description="Seed of the trainer's torch RNG.")
     loss: LossChoice = Field(
@@ -180,6 +192,21 @@ class TrainerConfig(Section):
         "kl_estimator) or one registered by a plugin.",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
+
+    @model_validator(mode="after")
+    def _context_parallel_needs_ranks(self) -> "TrainerConfig":
+        if self.context_parallel > 1:
+            if not self.fsdp:
+                raise ValueError(
+                    f"trainer.context_parallel={self.context_parallel} needs trainer.fsdp: true "
+                    "(the context-parallel ranks are FSDP ranks)"
+                )
+            if self.fsdp_ranks is not None and self.fsdp_ranks % self.context_parallel:
+                raise ValueError(
+                    f"trainer.context_parallel={self.context_parallel} must divide "
+                    f"trainer.fsdp_ranks={self.fsdp_ranks}"
+                )
+        return self
 
     @field_validator("packing")
     @classmethod

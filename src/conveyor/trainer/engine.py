@@ -27,7 +27,10 @@
 
 Under FSDP every rank gets the same full batch, runs its share of the micro-batches (padded with
 empty ones so all ranks run the same number of passes), and scales its loss by the world size to
-undo FSDP's gradient averaging.
+undo FSDP's gradient averaging. With `context_parallel` N, groups of N consecutive ranks share
+their micro-batches, each rank running one chunk of every row's tokens (`trainer/
+context_parallel.py`): the micro-batches are divided among the groups, and every rank of a
+group computes the same loss from the group's gathered logprobs.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from torch import Tensor, nn
 
 from conveyor.config.training import LoraConfig, TrainerConfig
 from conveyor.engines.base import WeightFingerprint, tensor_digest
-from conveyor.trainer import checkpoint
+from conveyor.trainer import checkpoint, context_parallel
 from conveyor.trainer.backend import StepResult, TrainBatch
 from conveyor.trainer.batching import (
     MicroBatch,
@@ -207,6 +210,22 @@ class TorchTrainingEngine:
         if settings.logits_chunk_tokens is not None:
             self._decoder, self._head = _decoder_and_head(model)
         self.rank, self.world_size = world()
+        # context parallelism: groups of `cp` consecutive ranks share each micro-batch, each
+        # rank one chunk of its tokens; the data-parallel share is by group
+        self.cp = settings.context_parallel
+        self._cp_group: Any = None
+        self._cp_rank, self._dp_rank, self._dp_size = 0, self.rank, self.world_size
+        if self.cp > 1:
+            if not settings.fsdp:
+                raise ValueError("trainer.context_parallel > 1 needs fsdp: true")
+            context_parallel.use_on(model, self.cp)
+            self._cp_group, self._cp_rank, self._dp_rank = context_parallel.new_groups(self.cp)
+            self._dp_size = self.world_size // self.cp
+            if self._decoder is None:
+                try:
+                    self._decoder, self._head = _decoder_and_head(model)
+                except ValueError as error:
+                    raise ValueError(f"trainer.context_parallel: {error}") from None
         if settings.fsdp:
             shard_model(model, self.device)
             if self.sharded_load:
@@ -233,6 +252,8 @@ class TorchTrainingEngine:
             self._check_chunked_head()
         if settings.packing:
             self._check_packing()
+        if self.cp > 1:
+            self._check_context_parallel()
 
     @property
     def policy_version(self) -> int:
@@ -274,29 +295,35 @@ class TorchTrainingEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = _Totals()
+        # the ranks of a context-parallel group compute the same loss: one of them counts it
+        counted = 1 if self._cp_rank == 0 else 0
         for micro in mine:
             tensors = self._collate(batch, micro)
-            logprobs = self._micro_logprobs(tensors, train=True)
-            old = logprobs.detach()
-            loss, metrics = loss_fn(
-                logprobs,
-                old,
-                tensors.advantages,
-                tensors.loss_mask,
-                norm_len=norm_len,
-                behaviour_logprobs=tensors.behaviour if loss_fn.uses_behaviour else None,
-                ref_logprobs=tensors.ref,
-            )
-            weight = (
-                _micro_weight(loss_fn.reduction, micro, counts) / denominators[loss_fn.reduction]
-            )
-            (loss * (weight * self.world_size)).backward()
-            totals.loss += float(loss.detach()) * weight
+            try:
+                logprobs = self._micro_logprobs(tensors, train=True)
+                old = logprobs.detach()
+                loss, metrics = loss_fn(
+                    logprobs,
+                    old,
+                    tensors.advantages,
+                    tensors.loss_mask,
+                    norm_len=norm_len,
+                    behaviour_logprobs=tensors.behaviour if loss_fn.uses_behaviour else None,
+                    ref_logprobs=tensors.ref,
+                )
+                weight = (
+                    _micro_weight(loss_fn.reduction, micro, counts)
+                    / denominators[loss_fn.reduction]
+                )
+                (loss * (weight * self.world_size)).backward()
+            finally:
+                context_parallel.deactivate()
+            totals.loss += float(loss.detach()) * weight * counted
             mask = tensors.loss_mask.bool()
             diff = torch.where(mask, (old - tensors.behaviour).abs(), 0.0)
-            totals.diff_sum += float(diff.sum())
+            totals.diff_sum += float(diff.sum()) * counted
             totals.diff_max = max(totals.diff_max, float(diff.max()))
-            totals.add_metrics(metrics, sum(counts[i] for i in micro.indices))
+            totals.add_metrics(metrics, sum(counts[i] for i in micro.indices) * counted)
 
         if not plan:
             # Zero gradient, but still one AdamW update (its moments decay and move the weights).
@@ -351,9 +378,11 @@ class TorchTrainingEngine:
                 for micro in plan:
                     tensors = self._collate(batch, micro)
                     logprobs = self._micro_logprobs(tensors, train=False).cpu()
+                    context_parallel.deactivate()
                     for row, i in enumerate(micro.indices):
                         out[i] = logprobs[row, : len(samples[i].input_ids)].tolist()
         finally:
+            context_parallel.deactivate()
             self.model.train(was_training)
         return out
 
@@ -442,10 +471,10 @@ class TorchTrainingEngine:
         return planner(lengths, self.settings.micro_batch_tokens)
 
     def _share_of(self, plan: list[MicroBatch]) -> list[MicroBatch]:
-        if self.world_size == 1:
+        if self._dp_size == 1:
             return plan
-        ranks = assign_to_ranks(plan, self.world_size)
-        mine = ranks[self.rank]
+        ranks = assign_to_ranks(plan, self._dp_size)
+        mine = ranks[self._dp_rank]
         # an empty micro-batch keeps the collective forward/backward count equal on all ranks
         return mine + [MicroBatch((), 1)] * (max(len(r) for r in ranks) - len(mine))
 
@@ -529,6 +558,9 @@ class TorchTrainingEngine:
         row's) go to the model as they are.
         """
         targets = None if loss_mask is None else loss_mask[:, 1:].any(dim=0).nonzero().flatten() + 1
+        if self.cp > 1:
+            with self._autocast():
+                return self._context_parallel_logprobs(input_ids, targets, position_ids)
         if self.settings.logits_chunk_tokens is not None:
             with self._autocast():
                 return self._chunked_logprobs(input_ids, targets, position_ids)
@@ -595,6 +627,90 @@ class TorchTrainingEngine:
         )
         full = torch.zeros(input_ids.shape, dtype=logprobs.dtype, device=logprobs.device)
         return full.index_copy(1, targets, logprobs.view(rows, kept))
+
+    def _context_parallel_logprobs(
+        self, input_ids: Tensor, targets: Tensor | None, position_ids: Tensor | None
+    ) -> Tensor:
+        """`_logprobs` with this rank holding one chunk of the tokens (`context_parallel`).
+
+        The model runs on the chunk (global positions, attention over the whole sequence by
+        all-to-alls in its group, left active until the caller's backward is done), its final
+        hidden states at the positions predicting a column of `targets` (every column without
+        them) go through the LM head in chunks of `logits_chunk_tokens` (all at once without
+        it), and the group's chunks of next-token logprobs are gathered into the whole [B, T]
+        row on every rank; other columns hold 0.0, as in `_logprobs`. A rank with no such
+        position still keeps its chunk's forward on the graph: its backward must run the same
+        all-to-alls as the others'.
+        """
+        assert self._decoder is not None and self._head is not None
+        chunk = context_parallel.split(input_ids, position_ids, self.cp, self._cp_rank)
+        context_parallel.activate(self._cp_group, chunk.segments)
+        captured: list[Tensor] = []
+
+        def keep_hidden(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            captured.append(output[0])
+
+        handle = self._decoder.register_forward_hook(keep_hidden)
+        try:
+            self.model(
+                input_ids=chunk.input_ids,
+                position_ids=chunk.position_ids,
+                use_cache=False,
+                logits_to_keep=1,
+            )
+        finally:
+            handle.remove()
+        (hidden,) = captured
+        weight = self._head.weight
+        if _is_dtensor(weight):
+            raise RuntimeError(
+                "trainer.context_parallel: the LM head's weight is still sharded after the "
+                "model's forward (FSDP resharded its root unit)"
+            )
+        rows, width = chunk.input_ids.shape
+        # the chunk's positions whose next token is a kept column (all rows share the columns)
+        wanted = torch.zeros(chunk.padded_length + 1, dtype=torch.bool, device=hidden.device)
+        wanted[1 : chunk.length] = True
+        if targets is not None:
+            wanted[1 : chunk.length] = False
+            wanted[targets] = True
+        first = self._cp_rank * width
+        columns = wanted[first + 1 : first + width + 1].nonzero().flatten()
+        lp = hidden.new_zeros((rows, width), dtype=torch.float32) + 0.0 * hidden.sum()
+        if columns.numel():
+            kept = columns.numel()
+            values, _ = chunked_token_logprobs(
+                hidden[:, columns].reshape(rows * kept, -1),
+                weight,
+                chunk.targets[:, columns].reshape(-1),
+                chunk_tokens=self.settings.logits_chunk_tokens or rows * kept,
+                temperature=self.temperature,
+            )
+            lp = lp.index_copy(1, columns, values.view(rows, kept))
+        whole = context_parallel.gather_sequence(lp, self._cp_group, self._cp_rank)
+        return context_parallel.next_token_to_token(whole, chunk.length)
+
+    def _check_context_parallel(self) -> None:
+        """Refuse a model on which the split forward is not the whole one (an attention that
+        ignores transformers' attention interface would attend within each chunk only): the
+        logprobs of a probe sequence split over the group must equal its unsplit ones."""
+        ids = _probe_ids(self.model, (3, 7), 4 * self.cp + 1)[None].to(self.device)
+        with _evaluating(self.model), torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            expected = token_logprobs(logits, ids, temperature=self.temperature)
+            try:
+                got = self._context_parallel_logprobs(ids, None, None)
+            finally:
+                context_parallel.deactivate()
+        diff = float((got - expected).abs().max())
+        if not diff <= 1e-3:
+            attention = getattr(self.model.config, "_attn_implementation", "?")
+            raise ValueError(
+                f"trainer.context_parallel: {type(self.model).__name__} (attention "
+                f"{attention!r}) does not attend across the chunks of a split sequence (a "
+                f"probe's logprobs split over {self.cp} ranks differ from its own by "
+                f"{diff:.2e}); set context_parallel: 1"
+            )
 
     def _check_chunked_head(self) -> None:
         """Refuse a model whose logits are not `hidden @ lm_head.weight.T` (a bias, logit

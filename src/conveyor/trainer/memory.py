@@ -23,6 +23,11 @@ What is counted (docs/scale.md, "Memory plan"):
   layer's recomputed working set, `WORKING_SET_HIDDEN` hidden + `WORKING_SET_INTERMEDIATE`
   intermediate vectors a position (fitted, below). Without: every layer keeps its inputs for
   backward (norm in/out, q, k, v, attention out, MLP's four intermediate vectors; not fitted).
+- **Context parallelism** (`context_parallel` ranks share a pass, each holding one chunk of
+  its tokens, `trainer/context_parallel.py`): every per-token activation and the logits are
+  those of `tokens / context_parallel` positions (the chunk's logits are computed at every
+  position). The dense mask of a packed row is not divided: Ulysses attention runs over the
+  whole row for a share of the heads, and the mask covers the whole row.
 - **Attention mask**: with sdpa and a mask (right-padded rows, or packed rows under a dense
   mask), `MASK_BYTES_PER_PAIR` bytes for each (query, key) pair of a row; none with a kernel
   that takes no dense mask (flex attention's block mask, flash-attention varlen).
@@ -149,6 +154,7 @@ def trainer_memory(
     logits_chunk_tokens: int | None = None,
     logit_positions: int | None = None,
     dense_mask: bool = True,
+    context_parallel: int = 1,
 ) -> dict[str, int]:
     """Bytes one trainer device holds at the peak of a step, by component (module doc).
 
@@ -157,10 +163,13 @@ def trainer_memory(
     cast to bf16 for the forward; `shards` the FSDP degree; `trainable` the parameters that
     train (None: all); `logits_chunk_tokens` the logprob chunk (None: the whole pass);
     `logit_positions` the positions whose logits are computed (None: all of `tokens`);
-    `dense_mask` whether attention gets a dense [L, L] mask (sdpa) or none (flex, varlen).
+    `dense_mask` whether attention gets a dense [L, L] mask (sdpa) or none (flex, varlen);
+    `context_parallel` the ranks one pass's tokens are split over.
     """
-    if tokens <= 0 or rows <= 0 or shards <= 0:
-        raise ValueError("tokens, rows and shards must be positive")
+    if tokens <= 0 or rows <= 0 or shards <= 0 or context_parallel <= 0:
+        raise ValueError("tokens, rows, shards and context_parallel must be positive")
+    pass_tokens = tokens
+    tokens = -(-tokens // context_parallel)  # this rank's chunk of the pass
     params = arch.parameters()
     trained = params if trainable is None else trainable
     h, i = arch.hidden, arch.intermediate
@@ -174,9 +183,9 @@ def trainer_memory(
         q, kv = arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim
         per_layer = (5 * h + 2 * q + 2 * kv + 4 * i) * act_bytes + h * residual_bytes
         activations = arch.layers * tokens * per_layer
-    row_length = -(-tokens // rows)
+    row_length = -(-pass_tokens // rows)
     mask = MASK_BYTES_PER_PAIR * rows * row_length * row_length if dense_mask else 0
-    positions = tokens if logit_positions is None else logit_positions
+    positions = tokens if logit_positions is None or context_parallel > 1 else logit_positions
     if logits_chunk_tokens:
         logits = int(min(positions, logits_chunk_tokens) * arch.vocab * LOGIT_BYTES_CHUNKED)
     else:
