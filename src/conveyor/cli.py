@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -326,13 +327,21 @@ def tasks_check(
     config: Annotated[
         Path | None, typer.Option(help="A YAML config (tasks.options, runtime); default: none.")
     ] = None,
-    n: Annotated[int, typer.Option(help="Instances to check.")] = 10,
-    split: Annotated[str, typer.Option(help="Split to draw them from.")] = "eval",
+    n: Annotated[
+        int | None,
+        typer.Option(
+            help="Instances to check (default 10; with neither --n nor --split, a family's "
+            "own check set where it has one: terminal checks every task folder)."
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split to draw them from (default eval).")
+    ] = None,
     set_: SetOption = None,
 ) -> None:
     """Run the family's oracle and an empty policy through the real loop, tools and grader:
     exit 0 when the oracle scores 1.0 and the empty policy 0.0 on every instance, else 1.
-    The last line is the JSON report."""
+    The last line is the JSON report (with `seconds`, the check's wall time)."""
     from conveyor.app.families import run_check
     from conveyor.registry import FAMILIES
 
@@ -340,10 +349,12 @@ def tasks_check(
         _fail(FAMILIES.unknown_message(family))
     start = [] if config is not None else [f"tasks.families=[{family}]"]
     resolved = _load(config, [*start, *(set_ or [])]).config
+    began = time.monotonic()
     try:
         report = run_check(resolved, family, n, split)
     except ValueError as exc:
         _fail(str(exc))
+    report["seconds"] = round(time.monotonic() - began, 1)
     typer.echo(json.dumps(report))
     raise typer.Exit(code=0 if report["ok"] else 1)
 
