@@ -75,7 +75,9 @@ async def scripted_rollouts(
         tokenizer.eos_token_id,
         parts.config.model.tool_format,
     )
-    return await oracle_rollouts(parts.stages(engine=engine), tasks, concurrency=concurrency)
+    return await oracle_rollouts(
+        parts.stages(engine=engine), tasks, concurrency=concurrency, keep_infra_errors=True
+    )
 
 
 async def check_family(

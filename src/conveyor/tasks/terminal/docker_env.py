@@ -265,7 +265,7 @@ class DockerTaskRuntime(DockerRuntime):
                 docker=self.docker,
                 labels=owner_labels(),
             )
-            argv.remove("-d")
+            argv[argv.index("-d")] = "--rm"
             if self.network_allowed:
                 at = argv.index("--network")
                 del argv[at : at + 2]  # the engine's default network
@@ -280,7 +280,10 @@ class DockerTaskRuntime(DockerRuntime):
                     timeout_s=self.task.verifier_timeout_s,
                     output_bytes=self.limits.output_bytes,
                 )
-            finally:
+            except BaseException:
+                await self._client([self.docker, "rm", "-f", "-v", name], timeout_s=60)
+                raise
+            if result.timed_out:  # the client was killed; its container still runs
                 await self._client([self.docker, "rm", "-f", "-v", name], timeout_s=60)
             output = (result.stdout + result.stderr)[-4000:]
             if result.timed_out:
