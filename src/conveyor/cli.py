@@ -359,6 +359,49 @@ def tasks_check(
     raise typer.Exit(code=0 if report["ok"] else 1)
 
 
+@tasks_app.command("harbor-parity")
+def tasks_harbor_parity(
+    folders: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Harbor task folders, or folders of them (default: the shipped terminal tasks)."
+        ),
+    ] = None,
+    shipped: Annotated[
+        bool, typer.Option(help="Include the shipped terminal task folders.")
+    ] = True,
+    venv: Annotated[
+        Path | None,
+        typer.Option(
+            help="The harbor venv (default $CONVEYOR_HARBOR_VENV, else .venv-harbor; built by "
+            "scripts/venv-harbor.sh)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON report.")] = False,
+) -> None:
+    """Check that our reading of Harbor task folders (task.toml, instruction, tests, solution,
+    environment) matches the `harbor` package's own task model (0.25.0, in its venv): exit 0
+    when every folder agrees, else 1 with the differing fields."""
+    from conveyor.tasks.terminal import shipped_dir
+    from conveyor.tasks.terminal.harbor import HarborFormatError, find_task_dirs
+    from conveyor.tasks.terminal.parity import compare, harbor_python
+
+    roots = [shipped_dir()] if shipped else []
+    try:
+        tasks = [t for root in [*roots, *(folders or [])] for t in find_task_dirs(root)]
+        report = compare(tasks, harbor_python(venv))
+    except (FileNotFoundError, RuntimeError, HarborFormatError) as exc:
+        _fail(str(exc))
+    for folder, differences in report.mismatches.items():
+        typer.echo(f"{folder}:")
+        for difference in differences:
+            typer.echo(f"  {difference}")
+    typer.echo(f"{report.agree} of {report.folders} task folders read as harbor reads them")
+    if as_json:
+        typer.echo(json.dumps(report.as_json()))
+    raise typer.Exit(code=0 if report.ok else 1)
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Argument(help="A YAML config file (rl.warm_start settings).")],

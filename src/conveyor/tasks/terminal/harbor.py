@@ -143,24 +143,24 @@ def strip_canary(text: str) -> str:
 
 
 def _network_mode(verifier: dict[str, Any], environment: dict[str, Any], path: Path) -> str:
-    """The verifier's network policy: `[verifier].network_mode` where set, else the
-    environment's (`network_mode`, or the older `allow_internet`), else public."""
-    legacy = {True: "public", False: "no-network", None: None}
-    nested = verifier.get("environment")
-    for section in (verifier, nested if isinstance(nested, dict) else {}, environment):
-        mode = section.get("network_mode")
-        if mode is None:
-            allow = section.get("allow_internet")
-            mode = legacy[allow] if isinstance(allow, bool) or allow is None else allow
-        if mode is None:
-            continue
-        if mode not in NETWORK_MODES:
-            raise HarborFormatError(
-                f"{path / 'task.toml'}: network_mode {mode!r} is not one of "
-                f"{', '.join(NETWORK_MODES)}"
-            )
-        return str(mode)
-    return "public"
+    """The verifier's network policy, as Harbor resolves it: `[verifier].network_mode` where
+    set, else the baseline of the verifier's environment (`[verifier.environment]` where the
+    task gives it one of its own, else `[environment]`): its `network_mode`, or the older
+    `allow_internet`, else public."""
+    mode = verifier.get("network_mode")
+    if mode is None:
+        nested = verifier.get("environment")
+        base = nested if isinstance(nested, dict) else environment
+        mode = base.get("network_mode")
+        allow = base.get("allow_internet")
+        if mode is None and isinstance(allow, bool):
+            mode = "public" if allow else "no-network"
+    mode = "public" if mode is None else mode
+    if mode not in NETWORK_MODES:
+        raise HarborFormatError(
+            f"{path / 'task.toml'}: network_mode {mode!r} is not one of {', '.join(NETWORK_MODES)}"
+        )
+    return str(mode)
 
 
 def network_fetches(tests: Path) -> tuple[str, ...]:
