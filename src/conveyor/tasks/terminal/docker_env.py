@@ -26,20 +26,21 @@ over (a commit holds the container's own file system only).
 
 The verifier's network: off, like the agent's, unless `runtime.verifier_network` is true and
 the task's own policy is not `no-network`; then its container is on the engine's default
-network. Without it, a verifier that gives less than the full reward and either comes from
-test scripts that fetch from the network or prints a failed fetch is an infrastructure error
-(`RuntimeFailure`) naming the reason, never a reward of 0 (`sandbox.network_failure`).
+network with the engine's default capabilities (Harbor's docker runs verifiers so, and published
+ones `apt-get install` their tools, which needs chown and setuid; `no-new-privileges` stays).
+Without network, a verifier that gives less than the full reward and either comes from test
+scripts that fetch from the network or prints a failed fetch is an infrastructure error
+(`RuntimeFailure`) naming the reason, never a reward of 0; with it, one that prints a failed
+fetch is too (`sandbox.network_failure`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -187,6 +188,7 @@ class DockerTaskRuntime(DockerRuntime):
         )
         self.task = task
         self.verifier_network = verifier_network
+        _drop_option(self.spec, "--workdir")  # the image's own (see `_drop_option`)
 
     async def start(self) -> None:
         """Build the image (unless the engine holds it), then start the container."""
@@ -234,13 +236,16 @@ class DockerTaskRuntime(DockerRuntime):
             result = await self._run_tests(tag)
         finally:
             await self._client([self.docker, "rmi", "-f", tag], timeout_s=120)
-        if not self.network_allowed:
-            reason = network_failure(self.task, result)
-            if reason is not None:
+        reason = network_failure(self.task, result, network=self.network_allowed)
+        if reason is not None:
+            if self.network_allowed:
                 raise RuntimeFailure(
-                    f"the verifier of {self.task.name} needs network, and "
-                    f"runtime.verifier_network is off: {reason}"
+                    f"the verifier of {self.task.name} failed to reach the network: {reason}"
                 )
+            raise RuntimeFailure(
+                f"the verifier of {self.task.name} needs network, and "
+                f"runtime.verifier_network is off: {reason}"
+            )
         return result
 
     async def _run_tests(self, image: str) -> VerifierResult:
@@ -266,9 +271,12 @@ class DockerTaskRuntime(DockerRuntime):
                 labels=owner_labels(),
             )
             argv[argv.index("-d")] = "--rm"
+            _drop_option(argv, "--workdir")
             if self.network_allowed:
-                at = argv.index("--network")
-                del argv[at : at + 2]  # the engine's default network
+                # The engine's default network and capabilities, as Harbor's docker gives its
+                # verifiers: published ones install their tools (apt needs chown and setuid).
+                _drop_option(argv, "--network")
+                _drop_option(argv, "--cap-drop")
             mounts = [
                 "--mount", f"type=bind,source={tests},target=/tests,readonly",
                 "--mount", f"type=bind,source={logs},target=/logs",
@@ -303,10 +311,10 @@ class DockerTaskRuntime(DockerRuntime):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _tarball(folder: Path) -> bytes:
-    """`folder`'s contents as an uncompressed tar stream (what `tar -x` in the container reads)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for child in sorted(folder.iterdir()):
-            tar.add(child, arcname=child.name)
-    return buffer.getvalue()
+def _drop_option(argv: list[str], option: str) -> None:
+    """Remove `option` and its value from `argv`. Without `--workdir` a container starts in
+    its image's `WORKDIR`, which podman creates where the image lacks it (a Dockerfile whose
+    last line is `WORKDIR /app` builds no `/app` with buildah), while an explicit `--workdir`
+    must exist."""
+    at = argv.index(option)
+    del argv[at : at + 2]

@@ -53,6 +53,11 @@ NETWORK_FAILURES = (
     "eai_again",
     "enotfound",
     "no route to host",
+    "curl: (",
+    "wget: unable to resolve",
+    "failed to download",
+    "error sending request",
+    "unable to locate package",
 )
 # Where a workspace link must not point when the verifier reads the workspace.
 _GUARDED = ("/tests", "/logs", "/proc", "/dev/fd", "/dev/stdin")
@@ -281,15 +286,18 @@ def reward_from_json(text: str, exit_code: int, output: str) -> VerifierResult:
     return VerifierResult(float(rewards), "reward_json", exit_code, output)
 
 
-def network_failure(task: HarborTask, result: VerifierResult) -> str | None:
-    """Why a verifier that ran without network and gave less than the full reward may have
-    failed for want of it, or None: its task's test scripts fetch from the network
-    (`HarborTask.network_fetches`), or its output shows a failed fetch (`NETWORK_FAILURES`).
-    A task whose own policy is `no-network` never needs it. Both signs are taken as enough
-    (fail closed): such a rollout is an infrastructure error, never a reward of 0."""
+def network_failure(
+    task: HarborTask, result: VerifierResult, *, network: bool = False
+) -> str | None:
+    """Why a verifier that gave less than the full reward may have failed for want of network,
+    or None. Without network (`network` False): its task's test scripts fetch from the network
+    (`HarborTask.network_fetches`), or its output shows a failed fetch (`NETWORK_FAILURES`);
+    with network, only the latter (a registry down, a host the network does not reach). A task
+    whose own policy is `no-network` never needs it. Either sign is taken as enough (fail
+    closed): such a rollout is an infrastructure error, never a reward of 0."""
     if task.verifier_network_mode == "no-network" or result.reward >= 1.0:
         return None
-    if task.network_fetches:
+    if task.network_fetches and not network:
         return f"its tests fetch from the network ({task.network_fetches[0]})"
     lowered = result.output.lower()
     for sign in NETWORK_FAILURES:
