@@ -553,3 +553,29 @@ def test_config_counts_the_verifier_timeout_of_a_folder_added_by_options(tmp_pat
     assert load_config(
         None, ["tasks.families=[terminal]", options, "dispatch.reward_timeout_s=2000"]
     ).config.tasks.options["terminal"]["dirs"]
+
+
+def test_a_kind_that_runs_images_by_its_build_hosts_every_folder_in_its_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind like `container` (the docker runtime on the task's own image: its spec needs no
+    `runtime.docker_image`, its build makes a `DockerRuntime`) is found by that capability, not
+    by its name. Only the engine is faked (`FakeDockerEngine`)."""
+    from conveyor.registry import RUNTIMES, RuntimeSpec
+    from conveyor.runtime.docker import DockerRuntime
+
+    def build_own_image(request: object, settings: object) -> DockerRuntime:
+        raise AssertionError("the family builds its own runtime")
+
+    build_own_image.__annotations__["return"] = DockerRuntime
+    name = "images-by-build"
+    monkeypatch.setitem(RUNTIMES._parts, name, RuntimeSpec(name=name, build=build_own_image))
+    engine = str(write_fake_docker_engine(tmp_path))
+    fam = TerminalFamily(
+        runtime=RuntimeConfig(kind=name),
+        services=FamilyServices(
+            options={"dirs": [str(FIXTURES / "tb2")], "shipped": False, "docker": engine}
+        ),
+    )
+    assert fam.kinds == {"count-words": name}
+    assert [t.data["kind"] for t in fam.check_tasks()] == [name]
