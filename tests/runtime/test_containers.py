@@ -326,11 +326,11 @@ timeout_sec = 60.0
 """
 
 
-def terminal_task(root: Path, base_image: str, name: str = "count-lines-in-container") -> Path:
+def terminal_task(root: Path, base_image: str) -> Path:
     """A Harbor task folder as published: `FROM python:3.11-slim` (a registry image, built on
     the local base image through the default `base_images` map), with a `RUN`; its verifier
     writes Harbor's `reward.json`."""
-    folder = root / name
+    folder = root / "count-lines-in-container"
     (folder / "environment" / "app").mkdir(parents=True)
     (folder / "environment" / "Dockerfile").write_text(
         "FROM python:3.11-slim\nWORKDIR /app\nCOPY app/ /app/\nRUN echo built > /app/stamp\n"
@@ -410,7 +410,7 @@ def test_a_verifier_that_installs_over_the_network_is_an_infrastructure_error(
     from conveyor.app.families import check_config, scripted_rollouts
     from conveyor.tasks.family import say
 
-    folder = terminal_task(tmp_path, base_image, name="installs-its-test-tools")
+    folder = terminal_task(tmp_path, base_image)  # its image is built: a cache hit
     (folder / "tests" / "test.sh").write_text(TB2_TEST_SH)
     options = {"dirs": [str(folder)], "shipped": False}
     config = load_config(
@@ -448,7 +448,7 @@ def test_the_verifier_gets_network_only_where_runtime_verifier_network_allows(
     from conveyor.tasks.terminal.harbor import load_task
 
     address, port, accepted = host_server
-    folder = terminal_task(tmp_path, base_image, name="reaches-a-server")
+    folder = terminal_task(tmp_path, base_image)  # its image is built: a cache hit
     (folder / "tests" / "test.sh").write_text(
         "#!/bin/bash\n"
         f"python3 -c 'import socket; socket.create_connection((\"{address}\", {port}), 5)' "
