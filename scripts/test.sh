@@ -14,7 +14,12 @@ nice -n 19 .venv/bin/mypy > "$MYPY_LOG" 2>&1 &
 MYPY_PID=$!
 # SkyRL needs Python >= 3.12: its venv is built where one exists (exit 3 where none does; the
 # bridge check then runs SkyRL's validation from the pinned wheel on 3.11).
+# harbor (the terminal tasks' parity check) needs Python >= 3.12 too: its lean venv installs
+# beside SkyRL's (both mostly downloads); exit 3 where no such Python exists (the check skips).
+(bash scripts/venv-harbor.sh || [ $? -eq 3 ]) &
+HARBOR_PID=$!
 bash scripts/venv-skyrl.sh || [ $? -eq 3 ]
+wait "$HARBOR_PID"
 # VeRL pins transformers < 5.11 and tensordict <= 0.10: its own lean venv for the bridge check.
 # It builds (~2.5 minutes on two cores: a second torch wheel unpacked) beside the tests instead of
 # before them; the VeRL tests wait for it (tests/bridges/verl/conftest.py reads the status file

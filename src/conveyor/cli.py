@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -388,13 +389,21 @@ def tasks_check(
     config: Annotated[
         Path | None, typer.Option(help="A YAML config (tasks.options, runtime); default: none.")
     ] = None,
-    n: Annotated[int, typer.Option(help="Instances to check.")] = 10,
-    split: Annotated[str, typer.Option(help="Split to draw them from.")] = "eval",
+    n: Annotated[
+        int | None,
+        typer.Option(
+            help="Instances to check (default 10; with neither --n nor --split, a family's "
+            "own check set where it has one: terminal checks every task folder)."
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split to draw them from (default eval).")
+    ] = None,
     set_: SetOption = None,
 ) -> None:
     """Run the family's oracle and an empty policy through the real loop, tools and grader:
     exit 0 when the oracle scores 1.0 and the empty policy 0.0 on every instance, else 1.
-    The last line is the JSON report."""
+    The last line is the JSON report (with `seconds`, the check's wall time)."""
     from conveyor.app.families import run_check
     from conveyor.registry import FAMILIES
 
@@ -402,10 +411,12 @@ def tasks_check(
         _fail(FAMILIES.unknown_message(family))
     start = [] if config is not None else [f"tasks.families=[{family}]"]
     resolved = _load(config, [*start, *(set_ or [])]).config
+    began = time.monotonic()
     try:
         report = run_check(resolved, family, n, split)
     except ValueError as exc:
         _fail(str(exc))
+    report["seconds"] = round(time.monotonic() - began, 1)
     typer.echo(json.dumps(report))
     raise typer.Exit(code=0 if report["ok"] else 1)
 
@@ -450,6 +461,49 @@ def tasks_parity(
     )
     typer.echo(json.dumps(report))
     raise typer.Exit(code=0 if report["ok"] else 1)
+
+
+@tasks_app.command("harbor-parity")
+def tasks_harbor_parity(
+    folders: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Harbor task folders, or folders of them (default: the shipped terminal tasks)."
+        ),
+    ] = None,
+    shipped: Annotated[
+        bool, typer.Option(help="Include the shipped terminal task folders.")
+    ] = True,
+    venv: Annotated[
+        Path | None,
+        typer.Option(
+            help="The harbor venv (default $CONVEYOR_HARBOR_VENV, else .venv-harbor; built by "
+            "scripts/venv-harbor.sh)."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON report.")] = False,
+) -> None:
+    """Check that our reading of Harbor task folders (task.toml, instruction, tests, solution,
+    environment) matches the `harbor` package's own task model (0.25.0, in its venv): exit 0
+    when every folder agrees, else 1 with the differing fields."""
+    from conveyor.tasks.terminal import shipped_dir
+    from conveyor.tasks.terminal.harbor import HarborFormatError, find_task_dirs
+    from conveyor.tasks.terminal.parity import compare, harbor_python
+
+    roots = [shipped_dir()] if shipped else []
+    try:
+        tasks = [t for root in [*roots, *(folders or [])] for t in find_task_dirs(root)]
+        report = compare(tasks, harbor_python(venv))
+    except (FileNotFoundError, RuntimeError, HarborFormatError) as exc:
+        _fail(str(exc))
+    for folder, differences in report.mismatches.items():
+        typer.echo(f"{folder}:")
+        for difference in differences:
+            typer.echo(f"  {difference}")
+    typer.echo(f"{report.agree} of {report.folders} task folders read as harbor reads them")
+    if as_json:
+        typer.echo(json.dumps(report.as_json()))
+    raise typer.Exit(code=0 if report.ok else 1)
 
 
 @app.command("sft")

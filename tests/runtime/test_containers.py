@@ -327,11 +327,13 @@ timeout_sec = 60.0
 
 
 def terminal_task(root: Path, base_image: str) -> Path:
-    """A Harbor task folder whose image is built `FROM` the base image, with a `RUN`."""
+    """A Harbor task folder as published: `FROM python:3.11-slim` (a registry image, built on
+    the local base image through the default `base_images` map), with a `RUN`; its verifier
+    writes Harbor's `reward.json`."""
     folder = root / "count-lines-in-container"
     (folder / "environment" / "app").mkdir(parents=True)
     (folder / "environment" / "Dockerfile").write_text(
-        f"FROM {base_image}\nWORKDIR /app\nCOPY app/ /app/\nRUN echo built > /app/stamp\n"
+        "FROM python:3.11-slim\nWORKDIR /app\nCOPY app/ /app/\nRUN echo built > /app/stamp\n"
     )
     (folder / "environment" / "app" / "words.txt").write_text("a\nb\nc\n")
     (folder / "instruction.md").write_text(
@@ -346,7 +348,10 @@ def terminal_task(root: Path, base_image: str) -> Path:
     (folder / "tests" / "test.sh").write_text(
         "#!/bin/bash\nmkdir -p /logs/verifier\n"
         'if [ "$(cat /app/stamp)" = built ] && [ "$(cat /app/count.txt)" = 3 ]; then\n'
-        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n"
+        "  echo '{\"reward\": 1}' > /logs/verifier/reward.json\nelse\n"
+        "  echo '{\"reward\": 0}' > /logs/verifier/reward.json\nfi\n"
+        # Everything else is killed: the verifier, its container's main process, lives on.
+        "kill -9 -1\n"
     )
     return folder
 
@@ -384,3 +389,91 @@ def test_engine_is_what_runtime_engine_names() -> None:
         resolve_engine("lxc")
     if shutil.which("podman"):
         assert ENGINE.name == "podman"  # auto: podman where it answers
+
+
+# Published Terminal-Bench 2 tasks install their test tools in tests/test.sh, like this.
+TB2_TEST_SH = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+uvx -p 3.13 -w pytest==8.4.1 pytest /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_a_verifier_that_installs_over_the_network_is_an_infrastructure_error(
+    base_image: str, tmp_path: Path, model_dir: Path
+) -> None:
+    from conveyor.app.compose import Composition
+    from conveyor.app.families import check_config, scripted_rollouts
+    from conveyor.tasks.family import say
+
+    folder = terminal_task(tmp_path, base_image)  # its image is built: a cache hit
+    (folder / "tests" / "test.sh").write_text(TB2_TEST_SH)
+    options = {"dirs": [str(folder)], "shipped": False}
+    config = load_config(
+        None,
+        [
+            "tasks.families=[terminal]",
+            f"tasks.options={{terminal: {json.dumps(options)}}}",
+            "runtime.kind=docker",
+            f"runtime.docker_image={base_image}",
+            f"runtime.engine={ENGINE.name}",
+        ],
+    ).config
+    parts = Composition(check_config(config, "terminal"))
+
+    async def rollout() -> list[Any]:
+        try:
+            tasks = parts.families["terminal"].check_tasks()
+            return await scripted_rollouts(parts, tasks, lambda _t: [say("done")])
+        finally:
+            await parts.close()
+
+    # The verifier ran and failed (no curl, no network): not a reward of 0 but an
+    # infrastructure error naming the reason.
+    (trajectory,) = run(rollout())
+    assert trajectory.status == "infra_error" and trajectory.reward is None
+    assert "needs network" in trajectory.error and "runtime.verifier_network" in trajectory.error
+    assert "tests/test.sh:2: apt-get update" in trajectory.error
+    assert not containers(**owner_labels())
+
+
+def test_the_verifier_gets_network_only_where_runtime_verifier_network_allows(
+    base_image: str, tmp_path: Path, host_server: tuple[str, int, list[object]]
+) -> None:
+    from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
+    from conveyor.tasks.terminal.harbor import load_task
+
+    address, port, accepted = host_server
+    folder = terminal_task(tmp_path, base_image)  # its image is built: a cache hit
+    (folder / "tests" / "test.sh").write_text(
+        "#!/bin/bash\n"
+        f"python3 -c 'import socket; socket.create_connection((\"{address}\", {port}), 5)' "
+        "&& [ -f /app/done ] && echo 1 > /logs/verifier/reward.txt\n"
+    )
+    task = load_task(folder)
+    assert task.network_fetches == ()  # nothing to see in the script: the output tells
+
+    async def grade(network: bool) -> Any:
+        rt = DockerTaskRuntime(task, limits=None, docker=ENGINE, verifier_network=network)
+        await rt.start()
+        try:
+            await rt.exec("touch /app/done", 10)
+            return await rt.verify()
+        finally:
+            await rt.close()
+
+    with pytest.raises(RuntimeFailure, match=r"needs network.*Network is unreachable"):
+        run(grade(False))
+    assert accepted == []
+    result = run(grade(True))
+    assert (result.reward, result.source) == (1.0, "reward_file") and len(accepted) == 1
+    assert not containers(**owner_labels())
+    assert not [
+        line
+        for line in ENGINE.run("images", "--format", "{{.Repository}}").stdout.split()
+        if line.endswith("-verify")
+    ]  # the committed copies are gone too

@@ -236,9 +236,12 @@ def test_with_an_engine_docker_folders_run_in_docker_and_plain_ones_in_bubblewra
     tmp_path: Path,
 ) -> None:
     engine = str(write_fake_docker_engine(tmp_path))
-    fam = family(
-        dirs=[str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")], shipped=False, docker=engine
-    )
+    folders = [str(FIXTURES / "needs-docker"), str(FIXTURES / "tb2")]
+    # ubuntu:24.04 is in no store here (the fake answers no `image inspect`) and no registry
+    # is used: the folder is refused, naming the option that maps it to a local image.
+    with pytest.raises(ValueError, match=r"base image 'ubuntu:24.04' is not in .*base_images"):
+        family(dirs=folders, shipped=False, docker=engine)
+    fam = family(dirs=folders, shipped=False, docker=engine, base_images=UBUNTU_ON_BASE)
     assert fam.kinds == {"apt-task": "docker", "count-words": "bubblewrap"}
     everything = TerminalFamily(
         # The family builds each folder's image; the config's docker_image goes unused.
@@ -250,10 +253,16 @@ def test_with_an_engine_docker_folders_run_in_docker_and_plain_ones_in_bubblewra
     assert everything.kinds == {"count-words": "docker"}
 
 
+UBUNTU_ON_BASE = {"ubuntu:24.04": "conveyor-base"}
+CALLS = ("build", "run", "exec", "commit", "rm", "rmi")
+
+
 def write_recording_docker_engine(folder: Path, reward: str, test_exit: int) -> Path:
     """A fake docker engine (client and daemon in one script): it records every call in
-    `calls.log`, builds and runs nothing, and answers the verifier's commands: `test.sh` exits
-    with `test_exit`, the reward file holds `reward`."""
+    `calls.log`, builds and runs nothing, holds every image but the task's own (so `build`
+    runs once), and answers the verifier's run (`bash /tests/test.sh` as the container's
+    command): it writes `reward` to the reward file of the folder mounted at /logs and exits
+    with `test_exit`."""
     log = folder / "calls.log"
     engine = folder / "FakeDockerEngine"
     engine.write_text(
@@ -261,12 +270,15 @@ def write_recording_docker_engine(folder: Path, reward: str, test_exit: int) -> 
         f'echo "$*" >> {log}\n'
         'case "$1" in\n'
         "  info) echo 27.0-fake ;;\n"
-        "  build|run) echo sha256:fake ;;\n"
-        '  exec) case "$*" in\n'
-        f"    *'bash /tests/test.sh'*) exit {test_exit} ;;\n"
-        f"    *reward.txt*) echo {reward} ;;\n"
+        '  image) case "$*" in *conveyor-terminal-*) exit 1 ;; esac; echo sha256:fake ;;\n'
+        "  build|commit) echo sha256:fake ;;\n"
+        '  run) case "$*" in\n'
+        "    *'bash /tests/test.sh') for a in \"$@\"; do case $a in\n"
+        "      *,target=/logs) d=${a#*source=}; d=${d%%,*}; echo %s > $d/verifier/reward.txt ;;\n"
+        "      esac; done; exit %d ;;\n"
+        "    *) echo sha256:fake ;;\n"
         "  esac ;;\n"
-        "esac\n"
+        "esac\n" % (reward, test_exit)
     )
     engine.chmod(0o755)
     return engine
@@ -282,7 +294,12 @@ def test_docker_runtime_builds_runs_and_verifies_in_order(
     from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
 
     engine = write_recording_docker_engine(tmp_path, reward, test_exit)
-    fam = family(dirs=[str(FIXTURES / "needs-docker")], shipped=False, docker=str(engine))
+    fam = family(
+        dirs=[str(FIXTURES / "needs-docker")],
+        shipped=False,
+        docker=str(engine),
+        base_images=UBUNTU_ON_BASE,
+    )
     task = fam.make_tasks(1, 0, split_of("apt-task"))[0]
     runtime = run(fam.make_runtime(task))
     assert isinstance(runtime, DockerTaskRuntime) and runtime.root == "/app"
@@ -290,15 +307,21 @@ def test_docker_runtime_builds_runs_and_verifies_in_order(
     run(runtime.close())
     assert grade.reward == expected and f"from {source}" in str(grade.records[0]["content"])
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    # `ps` and `inspect`: the sweep of containers left by killed runs, at the first start.
-    verbs = [c.split()[0] for c in calls if c.split()[0] not in ("info", "ps", "inspect")]
-    assert verbs[:2] == ["build", "run"] and verbs[-1] == "rm"
-    order = [
-        next(i for i, c in enumerate(calls) if key in c)
-        for key in ("kill -9 -1", "find /tests /logs", "tar -x", "bash /tests/test.sh")
-    ]
-    assert order == sorted(order)  # leftovers killed, then fresh /tests, then the tests run
-    assert calls[order[2]].split()[:2] == ["exec", "-i"]  # the tests, as a tar on stdin
+    # `ps` and `inspect`: the sweep of containers left by killed runs, at the first start;
+    # `image inspect`: whether the task's image (and the base) are there.
+    # (An exec's script spans lines: only the lines that start a call count.)
+    verbs = [c.split()[0] for c in calls if c.split() and c.split()[0] in CALLS]
+    build = next(c for c in calls if c.startswith("build "))
+    assert " -f " in build and build.endswith(str(FIXTURES / "needs-docker/apt-task/environment"))
+    assert verbs[:3] == ["build", "run", "exec"]  # built, started, then the agent's calls
+    # Grading: leftovers killed, the container committed, the tests run in a container of
+    # that image (`--rm`), then its image and the rollout's container go.
+    assert verbs[-5:] == ["exec", "commit", "run", "rmi", "rm"]
+    text = "\n".join(calls)
+    assert "kill -9 -1" in text[text.rindex("\nexec ") : text.index("\ncommit ")]
+    verify = next(c for c in calls if c.endswith("bash /tests/test.sh"))
+    assert "--network none" in verify and "--cap-drop ALL" in verify and " --rm " in verify
+    assert ",target=/tests,readonly" in verify and ",target=/logs " in verify
     run_call = next(c for c in calls if c.startswith("run "))
     assert "--network none" in run_call and "--cap-drop ALL" in run_call
 
@@ -530,3 +553,29 @@ def test_config_counts_the_verifier_timeout_of_a_folder_added_by_options(tmp_pat
     assert load_config(
         None, ["tasks.families=[terminal]", options, "dispatch.reward_timeout_s=2000"]
     ).config.tasks.options["terminal"]["dirs"]
+
+
+def test_a_kind_that_runs_images_by_its_build_hosts_every_folder_in_its_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind like `container` (the docker runtime on the task's own image: its spec needs no
+    `runtime.docker_image`, its build makes a `DockerRuntime`) is found by that capability, not
+    by its name. Only the engine is faked (`FakeDockerEngine`)."""
+    from conveyor.registry import RUNTIMES, RuntimeSpec
+    from conveyor.runtime.docker import DockerRuntime
+
+    def build_own_image(request: object, settings: object) -> DockerRuntime:
+        raise AssertionError("the family builds its own runtime")
+
+    build_own_image.__annotations__["return"] = DockerRuntime
+    name = "images-by-build"
+    monkeypatch.setitem(RUNTIMES._parts, name, RuntimeSpec(name=name, build=build_own_image))
+    engine = str(write_fake_docker_engine(tmp_path))
+    fam = TerminalFamily(
+        runtime=RuntimeConfig(kind=name),
+        services=FamilyServices(
+            options={"dirs": [str(FIXTURES / "tb2")], "shipped": False, "docker": engine}
+        ),
+    )
+    assert fam.kinds == {"count-words": name}
+    assert [t.data["kind"] for t in fam.check_tasks()] == [name]

@@ -75,26 +75,35 @@ async def scripted_rollouts(
         tokenizer.eos_token_id,
         parts.config.model.tool_format,
     )
-    return await oracle_rollouts(parts.stages(engine=engine), tasks, concurrency=concurrency)
+    return await oracle_rollouts(
+        parts.stages(engine=engine), tasks, concurrency=concurrency, keep_infra_errors=True
+    )
 
 
 async def check_family(
     config: ConveyorConfig,
     family: str,
     *,
-    n: int,
-    split: str = "eval",
+    n: int | None = 10,
+    split: str | None = "eval",
     concurrency: int = 4,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Oracle and empty rollouts of `n` instances of `family`'s `split`; a JSON-ready report
-    whose `ok` says the oracle scored 1.0 and the empty policy 0.0 on every instance."""
+    whose `ok` says the oracle scored 1.0 and the empty policy 0.0 on every instance. With
+    neither `n` nor `split` (None), a family's own check set where it has one (its
+    `check_tasks()`, e.g. every terminal task folder), else 10 eval instances."""
     from conveyor.tasks.family import say as say_step
 
     parts = Composition(check_config(config, family))
     try:
-        tasks = parts.tasks(n, split)
         fam = parts.families[family]
+        own = getattr(fam, "check_tasks", None)
+        if n is None and split is None and callable(own):
+            tasks, split = list(own()), "check set"
+        else:
+            split = "eval" if split is None else split
+            tasks = parts.tasks(10 if n is None else n, split)
         say(f"{family}: {len(tasks)} {split} instances")
         # The check is of the family, not of the turn budget: the oracle gets the turns it needs
         # (a 4-hop search question takes 9 calls, a bfcl conversation up to 37 replies).
@@ -147,6 +156,8 @@ def _mean(values: Any) -> float | None:
     return sum(got) / len(got) if got else None
 
 
-def run_check(config: ConveyorConfig, family: str, n: int, split: str) -> dict[str, Any]:
+def run_check(
+    config: ConveyorConfig, family: str, n: int | None, split: str | None
+) -> dict[str, Any]:
     """`check_family` from synchronous code (the CLI)."""
     return asyncio.run(check_family(config, family, n=n, split=split))

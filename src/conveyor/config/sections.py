@@ -462,6 +462,14 @@ class RuntimeConfig(Section):
         "podman where it answers, else docker. Podman reads Conveyor's own containers.conf "
         "(see docs/sandbox.md) unless CONTAINERS_CONF is set.",
     )
+    verifier_network: bool = Field(
+        default=False,
+        description="Whether a task's verifier may use the network (terminal tasks in "
+        "containers: the tests run in a copy of the rollout's container on the engine's "
+        "default network, unless the task's own policy is no-network). Off: verifiers run "
+        "without network, and one that fails for want of it is an infrastructure error with "
+        "its reason, never a reward of 0.",
+    )
     workspace_size_bytes: int | None = Field(
         default=None,
         gt=0,

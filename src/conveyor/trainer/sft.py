@@ -77,19 +77,36 @@ class OracleEngine:
 
 
 async def oracle_rollouts(
-    stages: Any, tasks: Sequence[Task], *, concurrency: int | None = None
+    stages: Any,
+    tasks: Sequence[Task],
+    *,
+    concurrency: int | None = None,
+    keep_infra_errors: bool = False,
 ) -> list[Any]:
     """Run the agent loop once per task with the oracle as engine; returns scored trajectories
-    in task order. `concurrency` bounds the live runtimes (None: all at once)."""
+    in task order. `concurrency` bounds the live runtimes (None: all at once).
+    `keep_infra_errors`: an infrastructure failure (`RuntimeFailure`: a sandbox, an engine, a
+    verifier that cannot run) becomes that task's trajectory with status `infra_error` and its
+    reason, instead of ending every rollout."""
+    from conveyor.runtime.base import RuntimeFailure
+    from conveyor.types import Status, Trajectory
+
     gate = asyncio.Semaphore(concurrency or max(1, len(tasks)))
 
     async def one(task: Task) -> Any:
         async with gate:
-            runtime = await stages.init(task, 0, 0)
             try:
-                trajectory = await stages.run(task, 0, runtime)
-                return await stages.reward(task, trajectory, runtime)
-            finally:
-                await runtime.close()
+                runtime = await stages.init(task, 0, 0)
+                try:
+                    trajectory = await stages.run(task, 0, runtime)
+                    return await stages.reward(task, trajectory, runtime)
+                finally:
+                    await runtime.close()
+            except RuntimeFailure as exc:
+                if not keep_infra_errors:
+                    raise
+                return Trajectory(
+                    task_id=task.id, sample_index=0, status=Status.INFRA_ERROR, error=str(exc)
+                )
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))

@@ -26,7 +26,20 @@ Options (`tasks.options.terminal`):
 - `max_command_s` (default 120): the cap on one `bash` call's time limit;
 - `output_chars` (default 16000): characters of a command's output the agent sees;
 - `docker` (default none: `runtime.engine`, podman where it answers, else docker): the
-  container client to use, a name or a path.
+  container client to use, a name or a path;
+- `base_images` (map, default: `python:3.11[-slim][-bookworm]`, `debian:bookworm[-slim]`,
+  `debian:12[-slim]` to `conveyor-base`): the local image each registry image a Dockerfile's
+  `FROM` names is built on (no registry is used; see `docker_env`); entries are added to the
+  defaults, and a base neither mapped nor in the engine's store makes the folder unrunnable.
+
+With a runtime kind that runs images (`docker`, or `container` where registered: any kind whose
+spec has `needs_image`), every task runs in a container of its own image. The verifier has no
+network unless `runtime.verifier_network` is true (containers only); without it, a verifier
+that fails and needs network is an infrastructure error with its reason, never a reward of 0.
+
+`check_tasks` is what `conveyor tasks check terminal` runs when neither `--n` nor `--split` is
+given: every shipped folder (variant 00 of each chore) and every folder under `dirs`, whatever
+its split.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ import logging
 import shlex
 import shutil
 import tempfile
+import typing
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
@@ -46,9 +60,10 @@ from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry, tool, truncate_output
 from conveyor.config import RuntimeConfig
 from conveyor.config.sections import AUTO
-from conveyor.registry import RUNTIMES
+from conveyor.registry import RUNTIMES, UnknownName
 from conveyor.runtime.base import Runtime, RuntimeFailure, RuntimeWrapper
 from conveyor.runtime.cpu_pools import run_in_pool
+from conveyor.runtime.docker import DockerRuntime
 from conveyor.runtime.engine import Engine, engine_available, engine_of, resolve_engine
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import Workspace, make_workspace, sweep_stale
@@ -65,12 +80,17 @@ from conveyor.tasks.family import (
     split_of,
 )
 from conveyor.tasks.terminal.chores import SHIPPED_VARIANTS, VARIANTS, write_folders
-from conveyor.tasks.terminal.docker_env import DockerTaskRuntime
+from conveyor.tasks.terminal.docker_env import (
+    DEFAULT_BASE_IMAGES,
+    DockerTaskRuntime,
+    unresolved_base,
+)
 from conveyor.tasks.terminal.harbor import HarborTask, find_task_dirs, load_task
 from conveyor.tasks.terminal.sandbox import (
     TerminalSandbox,
     VerifierResult,
     cache_root,
+    network_failure,
     run_verifier,
     template_for,
 )
@@ -118,6 +138,12 @@ class TerminalOptions(BaseModel):
     max_command_s: float = Field(120.0, gt=0)
     output_chars: int = Field(16000, ge=200)
     docker: str | None = None
+    base_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Registry image (as a Dockerfile's FROM names it) -> local image to build "
+        "on instead ('conveyor-base': the base image of `conveyor images base`); added to the "
+        "defaults, which map python:3.11[-slim] and debian:bookworm to conveyor-base.",
+    )
 
 
 def _system_prompt() -> str:
@@ -184,8 +210,16 @@ class TerminalRuntime(RuntimeWrapper[TerminalSandbox]):
         return self.inner.root
 
     async def verify(self) -> VerifierResult:
-        """Run the task's tests against the workspace, in a fresh sandbox."""
-        return await run_verifier(self.task, self.task_workspace.path, self.inner.limits)
+        """Run the task's tests against the workspace, in a fresh sandbox (which has no
+        network: a verifier that fails for want of it is a `RuntimeFailure`)."""
+        result = await run_verifier(self.task, self.task_workspace.path, self.inner.limits)
+        reason = network_failure(self.task, result)
+        if reason is not None:
+            raise RuntimeFailure(
+                f"the verifier of {self.task.name} needs network, and bubblewrap gives it none "
+                f"(a runtime kind that runs images does, with runtime.verifier_network): {reason}"
+            )
+        return result
 
     async def close(self) -> None:
         """Close the sandbox, then remove the workspace."""
@@ -216,9 +250,23 @@ def task_folders(options: TerminalOptions) -> list[Path]:
 
 
 def _runs_images(kind: str) -> bool:
-    """Whether the runtime `kind` names runs a container image (its spec's `needs_image`): the
-    task's own image, for task folders whose environment needs docker."""
-    return kind != AUTO and RUNTIMES.spec(kind).needs_image
+    """Whether the runtime `kind` names runs container images, so that a task folder can run
+    in its own image: its spec needs an image (`needs_image`: docker), or its build makes a
+    `DockerRuntime` (container, which takes the image the family names). A kind not
+    registered (yet) runs none."""
+    if kind == AUTO:
+        return False
+    try:
+        spec = RUNTIMES.spec(kind)
+    except UnknownName:
+        return False
+    if spec.needs_image:
+        return True
+    try:
+        made = typing.get_type_hints(spec.build).get("return")
+    except (NameError, TypeError):  # annotations that do not resolve: no claim
+        return False
+    return isinstance(made, type) and issubclass(made, DockerRuntime)
 
 
 @register_family(options=TerminalOptions, reward_budget_s=terminal_reward_budget_s)
@@ -226,7 +274,7 @@ class TerminalFamily:
     """Harbor task folders solved with `bash`; see the module doc."""
 
     name = "terminal"
-    runtimes: tuple[str, ...] = ("bubblewrap", "docker")
+    runtimes: tuple[str, ...] = ("bubblewrap", "docker", "container")
     source = "Harbor task folders: our shipped chores, plus tasks.options.terminal.dirs"
     version = "1"
     splits = tuple(SPLIT_SHARES)
@@ -235,13 +283,16 @@ class TerminalFamily:
         self, runtime: RuntimeConfig | None = None, services: FamilyServices | None = None
     ) -> None:
         self.runtime = runtime if runtime is not None else RuntimeConfig()
-        if self.runtime.kind not in (AUTO, *self.runtimes):
+        kind = self.runtime.kind
+        if kind not in (AUTO, self.runtimes[0]) and not _runs_images(kind):
             raise ValueError(
-                f"task family 'terminal' cannot use runtime.kind {self.runtime.kind!r}; it "
-                f"supports {', '.join(self.runtimes)} (auto: bubblewrap, docker where needed)"
+                f"task family 'terminal' cannot use runtime.kind {kind!r}; it supports "
+                "bubblewrap and the kinds that run images (docker, container) (auto: "
+                "bubblewrap, docker where needed)"
             )
         options = (services or FamilyServices()).options
         self.options = family_options(self.name, TerminalOptions, options)
+        self.base_images = {**DEFAULT_BASE_IMAGES, **self.options.base_images}
         self.tasks: dict[str, HarborTask] = {}
         self.kinds: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
@@ -249,6 +300,21 @@ class TerminalFamily:
             self._add(load_task(folder))
         if self.skipped:
             log.warning("terminal: skipped %d task folders: %s", len(self.skipped), self.skipped)
+        offline = [
+            name
+            for name, task in self.tasks.items()
+            if task.network_fetches
+            and task.verifier_network_mode != "no-network"
+            and not (self.runtime.verifier_network and _runs_images(self.kinds[name]))
+        ]
+        if offline:
+            log.warning(
+                "terminal: %d task folders' verifiers fetch from the network, which they do not "
+                "get here (runtime.verifier_network, with a kind that runs images): their "
+                "failures are infrastructure errors, not rewards: %s",
+                len(offline),
+                offline[:10],
+            )
 
     @property
     def reward_budget_s(self) -> float:
@@ -289,6 +355,11 @@ class TerminalFamily:
         if not ok:
             need = needs_docker or f"runtime.kind is {chosen}"
             return None, f"it needs docker ({need}), and {self.engine.name} is not usable: {why}"
+        missing = unresolved_base(task, self.base_images, self.engine)
+        if missing is not None:
+            return None, missing
+        if _runs_images(chosen):
+            return chosen, ""
         return next(kind for kind in self.runtimes if _runs_images(kind)), ""
 
     @property
@@ -332,6 +403,18 @@ class TerminalFamily:
             name=harbor.name,
         )
 
+    def check_tasks(self) -> list[Task]:
+        """Every shipped folder and every folder under `dirs` (not the generated variants),
+        each of its own split: what `conveyor tasks check terminal` runs by default."""
+        roots = [shipped_dir()] if self.options.shipped else []
+        roots += [Path(p).expanduser() for p in self.options.dirs]
+        names = [load_task(f).name for root in roots for f in find_task_dirs(root)]
+        return [
+            self._task(self.tasks[name], split_of(name), index)
+            for index, name in enumerate(names)
+            if name in self.tasks
+        ]
+
     def tools(self) -> ToolRegistry:
         """`bash` and `finish`."""
         return ToolRegistry([bash, finish])
@@ -346,7 +429,13 @@ class TerminalFamily:
         """A started sandbox (or container) holding the task's starting state."""
         harbor = self._harbor(task)
         if _runs_images(self.kinds[harbor.name]):
-            docker = DockerTaskRuntime(harbor, limits=None, docker=self.engine)
+            docker = DockerTaskRuntime(
+                harbor,
+                limits=None,
+                docker=self.engine,
+                base_images=self.base_images,
+                verifier_network=self.runtime.verifier_network,
+            )
             return await started(docker)
         template = await run_in_pool("init", template_for, harbor)
         workspace = await run_in_pool(

@@ -1,9 +1,17 @@
 """Harbor task folders (the Terminal-Bench 2 layout), read natively, and where each can run.
 
 A folder holds `task.toml` (timeouts in `[agent]` and `[verifier]`, verifier variables in
-`[verifier].env`), `instruction.md` (what the agent is told), `environment/Dockerfile` (the
-agent's starting machine), `tests/test.sh` (the verifier: it writes `/logs/verifier/reward.txt`,
-or its exit status says pass/fail) and `solution/solve.sh` (the reference solution).
+`[verifier].env`, the image build's limit in `[environment].build_timeout_sec`, network
+policies in `[environment]`/`[verifier]` `network_mode` or the older `allow_internet`),
+`instruction.md` (what the agent is told; leading canary comment lines are dropped, as Harbor
+does), `environment/Dockerfile` (the agent's starting machine), `tests/test.sh` (the verifier:
+it writes `/logs/verifier/reward.json` or `reward.txt`, or its exit status says pass/fail) and
+`solution/solve.sh` (the reference solution). Defaults are Harbor's (`harbor` 0.25.0's
+`TaskConfig`): 600 s for the verifier and the build, public network.
+
+`network_fetches` lists the lines of the task's test scripts that fetch from the network
+(package installs, downloads from a non-local URL): a verifier with such lines needs network,
+which it gets only where `runtime.verifier_network` allows it (see `docker_env`).
 
 `plan_environment` reads the Dockerfile. A plain base (the host's Python `python:3.X[-slim]`,
 `debian:*`, `ubuntu:*`) with only `COPY`, `WORKDIR` and `ENV` lines can run in bubblewrap over
@@ -25,6 +33,19 @@ from typing import Any
 
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+DEFAULT_BUILD_TIMEOUT_S = 600.0
+NETWORK_MODES = ("no-network", "public", "allowlist")
+_CANARY_LINE = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+# A test-script line that fetches from the network: an installer of packages, or a download or
+# clone of a URL whose host is not this machine.
+_FETCH = re.compile(
+    r"\b(apt(-get)?\s+(-\S+\s+)*(update|install)|pip3?\s+(-\S+\s+)*(install|download)"
+    r"|uv\s+(pip\s+install|add|sync|tool\s+install|run\s+--with)|uvx\b|pipx\s+(install|run)"
+    r"|npm\s+(install|ci|i)\b|npx\b|yarn\s+(add|install)|cargo\s+install|go\s+(get|install)"
+    r"|gem\s+install|conda\s+install|apk\s+add)"
+)
+_URL = re.compile(r"\b(?:https?|ftp|git)://([^/\s:'\"]+)")
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "0.0.0.0", "[::1]", "::1"}
 _INSTRUCTIONS = {"FROM", "COPY", "WORKDIR", "ENV"}
 _OTHER_BASES = re.compile(r"^(debian|ubuntu):[\w.-]+$")
 
@@ -56,6 +77,9 @@ class HarborTask:
     verifier_timeout_s: float
     verifier_env: dict[str, str]
     environment: EnvironmentPlan
+    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
+    verifier_network_mode: str = "public"
+    network_fetches: tuple[str, ...] = ()
 
     @property
     def tests_dir(self) -> Path:
@@ -90,15 +114,69 @@ def load_task(path: Path) -> HarborTask:
         raise HarborFormatError(f"{path / 'task.toml'}: {exc}") from None
     verifier = _section(config, "verifier", path)
     agent = _section(config, "agent", path)
+    environment = _section(config, "environment", path)
     return HarborTask(
         name=path.name,
         path=path,
-        instruction=(path / "instruction.md").read_text(),
+        instruction=strip_canary((path / "instruction.md").read_text()),
         agent_timeout_s=_seconds(agent, DEFAULT_AGENT_TIMEOUT_S, path),
         verifier_timeout_s=_seconds(verifier, DEFAULT_VERIFIER_TIMEOUT_S, path),
         verifier_env={str(k): str(v) for k, v in dict(verifier.get("env", {})).items()},
         environment=plan_environment(path / "environment"),
+        build_timeout_s=_seconds(
+            environment, DEFAULT_BUILD_TIMEOUT_S, path, key="build_timeout_sec"
+        ),
+        verifier_network_mode=_network_mode(verifier, environment, path),
+        network_fetches=network_fetches(path / "tests"),
     )
+
+
+def strip_canary(text: str) -> str:
+    """`text` without its leading canary comment lines (and the blank lines after them)."""
+    lines = text.split("\n")
+    at = 0
+    while at < len(lines) and _CANARY_LINE.match(lines[at].strip()):
+        at += 1
+    while at < len(lines) and not lines[at].strip():
+        at += 1
+    return "\n".join(lines[at:])
+
+
+def _network_mode(verifier: dict[str, Any], environment: dict[str, Any], path: Path) -> str:
+    """The verifier's network policy, as Harbor resolves it: `[verifier].network_mode` where
+    set, else the baseline of the verifier's environment (`[verifier.environment]` where the
+    task gives it one of its own, else `[environment]`): its `network_mode`, or the older
+    `allow_internet`, else public."""
+    mode = verifier.get("network_mode")
+    if mode is None:
+        nested = verifier.get("environment")
+        base = nested if isinstance(nested, dict) else environment
+        mode = base.get("network_mode")
+        allow = base.get("allow_internet")
+        if mode is None and isinstance(allow, bool):
+            mode = "public" if allow else "no-network"
+    mode = "public" if mode is None else mode
+    if mode not in NETWORK_MODES:
+        raise HarborFormatError(
+            f"{path / 'task.toml'}: network_mode {mode!r} is not one of {', '.join(NETWORK_MODES)}"
+        )
+    return str(mode)
+
+
+def network_fetches(tests: Path) -> tuple[str, ...]:
+    """`file:line: text` of each line of the shell scripts under `tests` that fetches from the
+    network (see the module doc); comments are skipped."""
+    found: list[str] = []
+    scripts = sorted(p for p in tests.rglob("*.sh") if p.is_file()) if tests.is_dir() else []
+    for script in scripts:
+        for number, line in enumerate(script.read_text(errors="replace").splitlines(), 1):
+            code = line.strip()
+            if not code or code.startswith("#"):
+                continue
+            hosts = {h.lower() for h in _URL.findall(code)}
+            if _FETCH.search(code) or hosts - _LOCAL_HOSTS:
+                found.append(f"{script.relative_to(tests.parent)}:{number}: {code[:200]}")
+    return tuple(found)
 
 
 def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
@@ -108,10 +186,12 @@ def _section(config: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
     return section
 
 
-def _seconds(section: dict[str, Any], default: float, path: Path) -> float:
-    value = section.get("timeout_sec", default)
+def _seconds(
+    section: dict[str, Any], default: float, path: Path, key: str = "timeout_sec"
+) -> float:
+    value = section.get(key, default)
     if not isinstance(value, int | float) or value <= 0:
-        raise HarborFormatError(f"{path / 'task.toml'}: timeout_sec must be a positive number")
+        raise HarborFormatError(f"{path / 'task.toml'}: {key} must be a positive number")
     return float(value)
 
 

@@ -18,6 +18,7 @@ symbolic link into `/tests`, `/logs` or `/proc` (an output file that is really t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import shutil
@@ -34,6 +35,30 @@ from conveyor.runtime.workspace_files import WorkspaceFiles
 from conveyor.tasks.terminal.harbor import EnvironmentPlan, HarborTask
 
 REWARD_FILE = "verifier/reward.txt"
+REWARD_JSON = "verifier/reward.json"
+# What a failed fetch prints (curl, wget, pip, uv, apt, git, npm, Python's socket errors).
+NETWORK_FAILURES = (
+    "could not resolve host",
+    "temporary failure in name resolution",
+    "name or service not known",
+    "network is unreachable",
+    "failed to establish a new connection",
+    "no address associated with hostname",
+    "dns error",
+    "getaddrinfo",
+    "could not resolve proxy",
+    "unable to resolve host",
+    "failed to fetch http",
+    "could not fetch url",
+    "eai_again",
+    "enotfound",
+    "no route to host",
+    "curl: (",
+    "wget: unable to resolve",
+    "failed to download",
+    "error sending request",
+    "unable to locate package",
+)
 # Where a workspace link must not point when the verifier reads the workspace.
 _GUARDED = ("/tests", "/logs", "/proc", "/dev/fd", "/dev/stdin")
 # An exit code from this up is a death by a signal (128 + its number).
@@ -201,7 +226,7 @@ async def run_verifier(
         if result.exit_code >= KILLED or result.exit_code < 0:
             # Killed by a signal (code it ran may kill it after writing a reward): no verdict.
             return VerifierResult(0.0, "killed", result.exit_code, output)
-        return _reward(logs / REWARD_FILE, result.exit_code, output)
+        return read_reward(logs / REWARD_FILE, result.exit_code, output)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -222,14 +247,64 @@ def link_into_verifier(workspace: Path, workdir: str) -> str | None:
     return None
 
 
-def _reward(path: Path, exit_code: int, output: str) -> VerifierResult:
-    if path.is_symlink():  # would be read on the host: never followed
-        return VerifierResult(0.0, "bad_reward_file", exit_code, output)
+def read_reward(path: Path, exit_code: int, output: str) -> VerifierResult:
+    """The result from `reward.json` next to `path` where it exists (Harbor reads it first),
+    else from `path` (`reward.txt`)."""
+    as_json = path.with_name(PurePosixPath(REWARD_JSON).name)
+    for candidate in (as_json, path):
+        if candidate.is_symlink():  # would be read on the host: never followed
+            return VerifierResult(0.0, "bad_reward_file", exit_code, output)
     try:
+        if as_json.exists():
+            return reward_from_json(as_json.read_text(errors="replace"), exit_code, output)
         text = path.read_text(errors="replace") if path.exists() else None
     except OSError:
         return VerifierResult(0.0, "bad_reward_file", exit_code, output)
     return reward_from(text, exit_code, output)
+
+
+def reward_from_json(text: str, exit_code: int, output: str) -> VerifierResult:
+    """The result of a verifier that wrote `reward.json`: Harbor's rewards object (names to
+    numbers). Its `reward` entry, or its only entry, when that is a number in [0, 1]; anything
+    else (no such entry, several without `reward`, not JSON) scores 0 as a bad reward file."""
+    bad = VerifierResult(0.0, "bad_reward_file", exit_code, output)
+    try:
+        rewards = json.loads(text)
+    except ValueError:
+        return bad
+    if isinstance(rewards, dict):
+        if "reward" in rewards:
+            rewards = rewards["reward"]
+        elif len(rewards) == 1:
+            rewards = next(iter(rewards.values()))
+        else:
+            return bad
+    if isinstance(rewards, bool) or not isinstance(rewards, int | float):
+        return bad
+    if not 0.0 <= rewards <= 1.0:  # NaN and infinities fail this too
+        return bad
+    return VerifierResult(float(rewards), "reward_json", exit_code, output)
+
+
+def network_failure(
+    task: HarborTask, result: VerifierResult, *, network: bool = False
+) -> str | None:
+    """Why a verifier that gave less than the full reward may have failed for want of network,
+    or None. Without network (`network` False): its task's test scripts fetch from the network
+    (`HarborTask.network_fetches`), or its output shows a failed fetch (`NETWORK_FAILURES`);
+    with network, only the latter (a registry down, a host the network does not reach). A task
+    whose own policy is `no-network` never needs it. Either sign is taken as enough (fail
+    closed): such a rollout is an infrastructure error, never a reward of 0."""
+    if task.verifier_network_mode == "no-network" or result.reward >= 1.0:
+        return None
+    if task.network_fetches and not network:
+        return f"its tests fetch from the network ({task.network_fetches[0]})"
+    lowered = result.output.lower()
+    for sign in NETWORK_FAILURES:
+        if sign in lowered:
+            line = next(ln for ln in result.output.splitlines() if sign in ln.lower())
+            return f"its output shows a failed network access ({line.strip()[:300]})"
+    return None
 
 
 def reward_from(text: str | None, exit_code: int, output: str) -> VerifierResult:
