@@ -19,7 +19,12 @@ from typer.testing import CliRunner
 from conveyor.cli import app
 from conveyor.tasks.terminal.harbor import HarborFormatError, load_task
 from conveyor.tasks.terminal.parity import harbor_python
-from conveyor.tasks.terminal.sandbox import VerifierResult, network_failure, reward_from_json
+from conveyor.tasks.terminal.sandbox import (
+    VerifierResult,
+    fetch_hosts,
+    network_failure,
+    reward_from_json,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "terminal"
 PUBLISHED = FIXTURES / "published"
@@ -104,11 +109,29 @@ def test_a_network_failure_is_named_only_where_the_verifier_needed_network() -> 
     tb2 = load_task(PUBLISHED / "tb2-uv-pytest")
     legacy = load_task(PUBLISHED / "no-internet-legacy")
     failed = VerifierResult(0.0, "reward_file", 1, "pytest: 1 failed")
-    offline = VerifierResult(0.0, "exit_status", 6, "curl: (6) Could not resolve host: x.org")
-    passed = VerifierResult(1.0, "reward_file", 0, "curl: (6) Could not resolve host: x.org")
+    passed = VerifierResult(1.0, "reward_file", 0, "")
     assert "tests/test.sh:3: apt-get update" in str(network_failure(tb2, failed))
-    online = dataclasses.replace(legacy, verifier_network_mode="public")
-    assert "Could not resolve host" in str(network_failure(online, offline))
-    assert network_failure(legacy, offline) is None  # its own policy: no network, ever
+    assert network_failure(legacy, failed) is None  # its own policy: no network, ever
     assert network_failure(tb2, passed) is None  # a full reward stands
     assert network_failure(load_task(FIXTURES / "tb2" / "count-words"), failed) is None
+    # with network: only where a host the scripts fetch from does not answer this host's probe
+    hosts = fetch_hosts(tb2.network_fetches)
+    assert ("astral.sh", 443) in hosts and ("deb.debian.org", 80) in hosts
+    nowhere = dataclasses.replace(
+        tb2, network_fetches=("tests/test.sh:1: curl -O https://pkgs.example.invalid/tool",)
+    )  # .invalid never resolves (RFC 6761)
+    reason = network_failure(nowhere, failed, network=True)
+    assert reason is not None and "pkgs.example.invalid:443" in reason
+
+
+def test_the_verifier_s_output_never_makes_an_infrastructure_error() -> None:
+    """The attack: the policy's code, run by the tests, prints a failed fetch so that its
+    failure would be kept out of learning. Only the task's own scripts and Conveyor's probe
+    decide; a task whose scripts fetch nothing fails as the policy's result, network or not."""
+    task = load_task(FIXTURES / "tb2" / "count-words")
+    assert task.network_fetches == ()
+    forged = VerifierResult(
+        0.0, "exit_status", 6, "curl: (6) Could not resolve host: x.org\nNetwork is unreachable"
+    )
+    assert network_failure(task, forged) is None
+    assert network_failure(task, forged, network=True) is None

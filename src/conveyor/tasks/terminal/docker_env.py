@@ -28,10 +28,11 @@ The verifier's network: off, like the agent's, unless `runtime.verifier_network`
 the task's own policy is not `no-network`; then its container is on the engine's default
 network with the engine's default capabilities (Harbor's docker runs verifiers so, and published
 ones `apt-get install` their tools, which needs chown and setuid; `no-new-privileges` stays).
-Without network, a verifier that gives less than the full reward and either comes from test
-scripts that fetch from the network or prints a failed fetch is an infrastructure error
-(`RuntimeFailure`) naming the reason, never a reward of 0; with it, one that prints a failed
-fetch is too (`sandbox.network_failure`).
+Without network, a verifier that gives less than the full reward and comes from test scripts
+that fetch from the network is an infrastructure error (`RuntimeFailure`) naming the reason,
+never a reward of 0; with it, one is where a host those scripts fetch from does not answer this
+host's own probe (`sandbox.network_failure`). The verifier's output never decides it: it carries
+the policy's code's output, which could fake a failed fetch.
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ class DockerTaskRuntime(DockerRuntime):
             result = await self._run_tests(tag)
         finally:
             await self._client([self.docker, "rmi", "-f", tag], timeout_s=120)
-        reason = network_failure(self.task, result, network=self.network_allowed)
+        reason = await asyncio.to_thread(
+            network_failure, self.task, result, network=self.network_allowed
+        )
         if reason is not None:
             if self.network_allowed:
                 raise RuntimeFailure(

@@ -21,7 +21,9 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,29 +38,6 @@ from conveyor.tasks.terminal.harbor import EnvironmentPlan, HarborTask
 
 REWARD_FILE = "verifier/reward.txt"
 REWARD_JSON = "verifier/reward.json"
-# What a failed fetch prints (curl, wget, pip, uv, apt, git, npm, Python's socket errors).
-NETWORK_FAILURES = (
-    "could not resolve host",
-    "temporary failure in name resolution",
-    "name or service not known",
-    "network is unreachable",
-    "failed to establish a new connection",
-    "no address associated with hostname",
-    "dns error",
-    "getaddrinfo",
-    "could not resolve proxy",
-    "unable to resolve host",
-    "failed to fetch http",
-    "could not fetch url",
-    "eai_again",
-    "enotfound",
-    "no route to host",
-    "curl: (",
-    "wget: unable to resolve",
-    "failed to download",
-    "error sending request",
-    "unable to locate package",
-)
 # Where a workspace link must not point when the verifier reads the workspace.
 _GUARDED = ("/tests", "/logs", "/proc", "/dev/fd", "/dev/stdin")
 # An exit code from this up is a death by a signal (128 + its number).
@@ -290,21 +269,63 @@ def network_failure(
     task: HarborTask, result: VerifierResult, *, network: bool = False
 ) -> str | None:
     """Why a verifier that gave less than the full reward may have failed for want of network,
-    or None. Without network (`network` False): its task's test scripts fetch from the network
-    (`HarborTask.network_fetches`), or its output shows a failed fetch (`NETWORK_FAILURES`);
-    with network, only the latter (a registry down, a host the network does not reach). A task
-    whose own policy is `no-network` never needs it. Either sign is taken as enough (fail
-    closed): such a rollout is an infrastructure error, never a reward of 0."""
+    or None. Decided only from what the policy cannot touch: the task's own test scripts
+    (`HarborTask.network_fetches`) and, with network, Conveyor's own probe of the hosts those
+    scripts fetch from, made from this host. Never from the verifier's output: the tests run the
+    policy's code, which could print "Could not resolve host" to turn its failure into an
+    infrastructure error (kept out of learning, retried) instead of a 0.
+
+    - Without network: scripts that fetch are enough (fail closed): an infrastructure error.
+    - With network: an infrastructure error only where a host the scripts fetch from does not
+      answer here (a registry down, a host this network does not reach).
+    - A task whose own policy is `no-network`, or a full reward, never."""
     if task.verifier_network_mode == "no-network" or result.reward >= 1.0:
         return None
-    if task.network_fetches and not network:
+    if not task.network_fetches:
+        return None
+    if not network:
         return f"its tests fetch from the network ({task.network_fetches[0]})"
-    lowered = result.output.lower()
-    for sign in NETWORK_FAILURES:
-        if sign in lowered:
-            line = next(ln for ln in result.output.splitlines() if sign in ln.lower())
-            return f"its output shows a failed network access ({line.strip()[:300]})"
+    for host, port in fetch_hosts(task.network_fetches):
+        why = unreachable(host, port)
+        if why is not None:
+            return f"{host}:{port}, which its tests fetch from, does not answer here ({why})"
     return None
+
+
+# The hosts a fetching tool reaches when its line names no URL.
+_TOOL_HOSTS = (
+    (re.compile(r"\bapt(-get)?\b"), ("deb.debian.org", 80)),
+    (re.compile(r"\b(pip3?|uv|uvx|pipx)\b"), ("pypi.org", 443)),
+    (re.compile(r"\b(npm|npx|yarn)\b"), ("registry.npmjs.org", 443)),
+)
+_URL_HOST = re.compile(r"\b(https?|ftp|git)://([^/\s:'\"]+)(?::(\d+))?")
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21, "git": 9418}
+
+
+def fetch_hosts(lines: Sequence[str]) -> list[tuple[str, int]]:
+    """The (host, port) pairs the fetch lines of a task's scripts reach: each URL's host, and
+    for a package tool without a URL its usual registry."""
+    found: dict[tuple[str, int], None] = {}
+    for line in lines:
+        code = line.split(": ", 1)[-1]
+        urls = _URL_HOST.findall(code)
+        for scheme, host, port in urls:
+            if host.lower() not in {"localhost", "127.0.0.1", "0.0.0.0", "::1"}:
+                found[(host.lower(), int(port) if port else _DEFAULT_PORTS[scheme])] = None
+        if not urls:
+            for pattern, pair in _TOOL_HOSTS:
+                if pattern.search(code):
+                    found[pair] = None
+    return list(found)
+
+
+def unreachable(host: str, port: int, timeout_s: float = 5.0) -> str | None:
+    """None when a TCP connection to `host:port` opens from this host, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def reward_from(text: str | None, exit_code: int, output: str) -> VerifierResult:
