@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from conveyor.gateway.chat_request import parse_chat_request
 from conveyor.gateway.errors import GatewayError, bad_request
+from conveyor.gateway.responses import response_events, sse_response_events
 from conveyor.gateway.service import Gateway
 from conveyor.gateway.streaming import completion_chunks, sse_events
 from conveyor.types import Task
@@ -102,6 +103,14 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
             return StreamingResponse(sse_events(chunks), media_type="text/event-stream")
         return JSONResponse(answer)
 
+    async def responses(request: Request) -> Response:
+        body = await _json(request)
+        response = await gateway.respond(request.path_params["rid"], body)
+        if isinstance(body, dict) and body.get("stream"):
+            events = sse_response_events(response_events(response, body))
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        return JSONResponse(response)
+
     async def models(request: Request) -> Response:
         entry = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "conveyor"}
         return JSONResponse({"object": "list", "data": [entry]})
@@ -118,6 +127,7 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         Route("/rollouts/{rid}/tools", named_tool, methods=["POST"]),
         Route("/rollouts/{rid}/tools/{name}", tool, methods=["POST"]),
         Route("/rollouts/{rid}/v1/chat/completions", chat, methods=["POST"]),
+        Route("/rollouts/{rid}/v1/responses", responses, methods=["POST"]),
         Route("/rollouts/{rid}/v1/models", models, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {

@@ -112,6 +112,8 @@ class RolloutRecord:
     # Every reply sampled, with its raw text, keyed by the conversation it answered.
     replies: ReplyIndex = field(default_factory=ReplyIndex)
     call_names: dict[str, str] = field(default_factory=dict)
+    # Responses API: response id -> its conversation (chat messages, its output included).
+    responses: dict[str, list[Message]] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last: LastTurn | None = None

@@ -40,6 +40,7 @@ from conveyor.gateway.errors import (
     not_found,
 )
 from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
+from conveyor.gateway.responses import chat_body, response_object
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
@@ -215,6 +216,30 @@ class Gateway:
             prompt = advance(record, request, renderer, internal, normal)
             await self._check_budget(record, prompt)
             return await self._sample(record, request, renderer, prompt, normal)
+
+    async def respond(self, rollout_id: str, body: Any) -> dict[str, Any]:
+        """One Responses API request (`responses`): sampled and recorded as the chat turn it
+        stands for; the response's conversation is kept for a later `previous_response_id`."""
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        earlier = None
+        if previous is not None:
+            record = self.rollouts.get(rollout_id)
+            earlier = record.responses.get(previous) if record is not None else None
+            if earlier is None:
+                raise bad_request(
+                    f"Previous response with id {previous!r} not found in rollout {rollout_id!r}",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+        chat = chat_body(body, earlier)
+        answer = await self.chat(rollout_id, parse_chat_request(chat))
+        response = response_object(answer, body)
+        kept = chat["messages"][1:] if body.get("instructions") is not None else chat["messages"]
+        self.get(rollout_id).responses[response["id"]] = [
+            *kept,
+            answer["choices"][0]["message"],
+        ]
+        return response
 
     def _renderer(self, tools: list[dict[str, Any]]) -> ChatRenderer:
         key = json.dumps(tools)
