@@ -182,3 +182,38 @@ def test_logprobs_are_the_sampled_tokens_and_top_logprobs_are_refused(
     turn = gateway.trajectory("lp").turns[1]
     assert [t.logprob for t in content] == turn.completion_logprobs[:-1]  # the end token left out
     assert all(bytes(t.bytes) == t.token.encode() and t.top_logprobs == [] for t in content)
+
+
+def test_response_format_text_is_served_and_json_formats_are_refused(
+    tokenizer: Any, make_gw: Any, serve: Any
+) -> None:
+    """No engine here decodes under a grammar: a JSON format is refused (400, param
+    response_format) in both APIs rather than answered with text that may break it."""
+    gateway = make_gw(_scripted(tokenizer, lambda _text: "Plain words."))
+    schema = {"name": "word", "schema": {"type": "object"}}
+    with serve(gateway) as url:
+        client = _client(url, "rf")
+        text = client.chat.completions.create(
+            model="m",
+            messages=QUESTION,  # type: ignore[arg-type]
+            response_format={"type": "text"},
+        )
+        assert text.choices[0].message.content == "Plain words."
+        refused = []
+        for form in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(
+                    model="m",
+                    messages=QUESTION,  # type: ignore[arg-type]
+                    response_format=form,  # type: ignore[arg-type]
+                )
+            refused.append((caught.value.code, caught.value.param))
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(
+                model="m",
+                input="Define cat.",
+                text={"format": {"type": "json_schema", **schema}},  # type: ignore[typeddict-item]
+            )
+        refused.append((caught.value.code, caught.value.param))
+    assert refused == [("unsupported_value", "response_format")] * 3
+    assert len(gateway.trajectory("rf").turns) == 1  # a refusal samples nothing

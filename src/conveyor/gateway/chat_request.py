@@ -95,6 +95,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
             param="top_logprobs",
             code="unsupported_value",
         )
+    _check_response_format(body.get("response_format"))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
         raise bad_request(
@@ -113,6 +114,33 @@ def parse_chat_request(body: Any) -> ChatRequest:
         named_tool=named,
         stop=_stop(body.get("stop")),
         logprobs=bool(logprobs),
+    )
+
+
+def _check_response_format(form: Any) -> None:
+    """`response_format`: `{"type": "text"}` (the default) is served; `json_object` and
+    `json_schema` are refused. Neither can be promised here: our engines take prompt ids and
+    return sampled ids, with no constrained (grammar-masked) decoding, and sampling freely while
+    answering as if the format were enforced would hand the agent text that breaks the
+    contract it asked for. A refusal is a 400 the client sees at once (an agent framework then
+    falls back to parsing plain text, or its user drops the setting)."""
+    if form is None:
+        return
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise bad_request(
+            f"response_format {kind!r} is not supported: the gateway's engines have no "
+            "constrained decoding, so the format could not be guaranteed; leave "
+            "response_format out (or 'text') and ask for JSON in the prompt",
+            param="response_format",
+            code="unsupported_value",
+        )
+    raise bad_request(
+        f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema'}}, "
+        f"got {form!r}",
+        param="response_format",
     )
 
 
