@@ -37,6 +37,16 @@ class LastTurn:
     length_reason: EndReason
 
 
+@dataclass
+class Fork:
+    """One choice of a request with `n` > 1 that a next request may continue: the
+    conversation it ends (normal form), its ledger and what the outcome depends on."""
+
+    history: list[tuple[Any, ...]]
+    ledger: TokenLedger
+    last: LastTurn
+
+
 @dataclass(frozen=True)
 class SampledReply:
     """One reply the gateway sampled: the raw text (markup included) and the turn it came from."""
@@ -109,6 +119,8 @@ class RolloutRecord:
     tools_key: str = ""
     # The conversation of the current sample in normal form (`chat_request.normal_message`).
     history: list[tuple[Any, ...]] = field(default_factory=list)
+    # The other choices of the last request with n > 1 (choice 0 is `ledger`).
+    forks: list[Fork] = field(default_factory=list)
     # Every reply sampled, with its raw text, keyed by the conversation it answered.
     replies: ReplyIndex = field(default_factory=ReplyIndex)
     call_names: dict[str, str] = field(default_factory=dict)
@@ -138,6 +150,14 @@ class RolloutRecord:
         if self.task is not None:
             return f"{self.task.id}/{self.sample_index}"
         return self.rollout_id
+
+    def new_sample_index(self) -> int:
+        """A training-sample index no turn of this rollout uses yet."""
+        used = [t.sample_index for t in self.turns]
+        if self.ledger is not None:
+            used.append(self.ledger.sample_index)
+        used += [f.ledger.sample_index for f in self.forks]
+        return max(used, default=-1) + 1
 
     def bump(self, key: str, by: int = 1) -> None:
         """Add to an integer counter."""

@@ -16,15 +16,23 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
+from conveyor.agent.chat import ChatRenderer, RendererFactory, TokenLedger, renderer_factory
 from conveyor.agent.loop import request_seed
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
-from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
+from conveyor.engines.base import (
+    EngineDown,
+    EngineError,
+    SampleRequest,
+    SampleResult,
+    SamplingClient,
+    TopLogprobs,
+)
 from conveyor.gateway.chat_request import (
     ChatRequest,
     normal_message,
@@ -39,7 +47,7 @@ from conveyor.gateway.errors import (
     context_length_exceeded,
     not_found,
 )
-from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
+from conveyor.gateway.recording import Fork, LastTurn, RolloutRecord, RolloutState
 from conveyor.gateway.responses import chat_body, response_object
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
@@ -275,6 +283,10 @@ class Gateway:
         prompt: list[int],
         normal: list[tuple[Any, ...]],
     ) -> dict[str, Any]:
+        """Sample the request's `n` choices (one engine request each, seeds `seed`, `seed+1`,
+        ...) and record every one as a turn. Choice 0 continues the rollout's current sample;
+        each other choice starts a sample of its own (its prompt and reply), kept as a fork: a
+        next request that continues choice k extends choice k's sample, with no split."""
         agent, ledger = self.agent, record.ledger
         assert ledger is not None
         turn_index = len(record.turns)
@@ -287,18 +299,30 @@ class Gateway:
             if request.seed is not None
             else request_seed(self.sampling.sampling_seed, record.session, turn_index)
         )
+        if request.top_logprobs and request.top_logprobs > _max_top_logprobs(self.client):
+            raise bad_request(
+                f"top_logprobs={request.top_logprobs} is not served by this engine "
+                f"({type(self.client).__name__} reports at most "
+                f"{_max_top_logprobs(self.client)}: the sampled token's logprob only)",
+                param="top_logprobs",
+                code="unsupported_value",
+            )
         forced = renderer.encode(forced_prefix(request, renderer.tool_format))
-        sample = SampleRequest(
-            prompt_ids=prompt + forced,
-            max_tokens=max(1, min(cap, room) - len(forced)),
-            temperature=self.sampling.temperature if temperature is None else temperature,
-            top_p=self.sampling.top_p if top_p is None else top_p,
-            seed=seed,
-            session_id=record.session,
-        )
+        samples = [
+            SampleRequest(
+                prompt_ids=prompt + forced,
+                max_tokens=max(1, min(cap, room) - len(forced)),
+                temperature=self.sampling.temperature if temperature is None else temperature,
+                top_p=self.sampling.top_p if top_p is None else top_p,
+                seed=seed if seed is None or k == 0 else (seed + k) & 0x7FFFFFFF,
+                session_id=record.session,
+                top_logprobs=request.top_logprobs,
+            )
+            for k in range(request.n)
+        ]
         asked = time.monotonic()
         try:
-            result = await self.client.sample(sample)
+            results = await asyncio.gather(*(self.client.sample(s) for s in samples))
         except Exception as exc:  # every engine failure is infra: the policy did not cause it
             down = isinstance(exc, EngineDown)
             record.error = f"engine failed: {type(exc).__name__}: {exc}"
@@ -314,16 +338,70 @@ class Gateway:
             ) from (exc if isinstance(exc, EngineError) else None)
         finally:
             record.engine_s += time.monotonic() - asked
+        before = replace(
+            ledger, messages=list(ledger.messages), split_reasons=list(ledger.split_reasons)
+        )
+        choices, forks = [], []
+        for k, result in enumerate(results):
+            if k == 0:
+                fork = ledger
+            else:
+                fork = replace(
+                    before,
+                    messages=list(before.messages),
+                    split_reasons=list(before.split_reasons),
+                    sample_index=record.new_sample_index(),
+                )
+                record.bump("extra_choices")
+            choice, last, history = self._record_choice(
+                record, request, renderer, prompt, normal, fork, result, forced, k, room
+            )
+            choices.append(choice)
+            forks.append(Fork(history=history, ledger=fork, last=last))
+        record.ledger, record.history, record.last = ledger, forks[0].history, forks[0].last
+        record.forks = forks[1:]
+        completion_tokens = sum(len(t.completion_ids) for t in record.turns[turn_index:])
+        return {
+            "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
+            },
+        }
+
+    def _record_choice(
+        self,
+        record: RolloutRecord,
+        request: ChatRequest,
+        renderer: ChatRenderer,
+        prompt: list[int],
+        normal: list[tuple[Any, ...]],
+        ledger: TokenLedger,
+        result: SampleResult,
+        forced: list[int],
+        index: int,
+        room: int,
+    ) -> tuple[dict[str, Any], LastTurn, list[tuple[Any, ...]]]:
+        """Record one sampled choice on `ledger`: its turn, its raw text in the reply index;
+        returns the OpenAI choice, what the outcome depends on and the conversation it ends."""
+        turn_index = len(record.turns)
         sampled, logprobs, finish = (
             list(result.token_ids),
             list(result.logprobs),
             result.finish_reason,
         )
+        top = list(result.top_logprobs) if result.top_logprobs is not None else None
         kept = kept_before_stop(
             sampled, stop_strings(request, renderer.tool_format), renderer.decode
         )
         if kept is not None:  # a stop string: the reply ends before it, as if it stopped there
             sampled, logprobs, finish = sampled[:kept], logprobs[:kept], StopReason.STOP
+            top = top[:kept] if top is not None else None
         stopped = finish == StopReason.STOP
         # forced tokens (tool_choice) are part of the reply, never trained on
         record.turns.append(
@@ -347,7 +425,8 @@ class Gateway:
         assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
         if parsed.errors:
             record.bump("parse_errors", len(parsed.errors))
-        record.last = LastTurn(
+        agent = self.agent
+        last = LastTurn(
             stopped=stopped,
             calls=len(parsed.calls),
             parse_errors=len(parsed.errors),
@@ -355,9 +434,11 @@ class Gateway:
             if room < agent.max_completion_tokens
             else EndReason.MAX_COMPLETION_TOKENS,
         )
+        # the first choice's call ids are `call_<turn>_<i>`, another choice's name it too
+        prefix = f"call_{turn_index}" if index == 0 else f"call_{turn_index - index}c{index}"
         tool_calls: list[dict[str, Any]] = [
             {
-                "id": f"call_{turn_index}_{i}",
+                "id": f"{prefix}_{i}",
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }
@@ -373,32 +454,19 @@ class Gateway:
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
-        returned = normal_message(message)
-        record.history = [*normal, returned]
-        record.replies.add(record.history, assistant["content"], turn_index)
+        history = [*normal, normal_message(message)]
+        record.replies.add(history, assistant["content"], turn_index)
         record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
         finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
-        completion_tokens = len(forced) + len(sampled)
         choice = {
-            "index": 0,
+            "index": index,
             "message": message,
             "finish_reason": finish_reason,
-            "logprobs": _logprobs(renderer, sampled, logprobs, stopped)
+            "logprobs": _logprobs(renderer, sampled, logprobs, stopped, top)
             if request.logprobs
             else None,
         }
-        return {
-            "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) + completion_tokens,
-            },
-        }
+        return choice, last, history
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -556,26 +624,35 @@ def _require_open(record: RolloutRecord) -> None:
 
 
 def _logprobs(
-    renderer: ChatRenderer, ids: list[int], logprobs: list[float], stopped: bool
+    renderer: ChatRenderer,
+    ids: list[int],
+    logprobs: list[float],
+    stopped: bool,
+    top: list[list[tuple[int, float]]] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's `choice.logprobs` of the sampled tokens (tool-call markup included; the end of
     turn token and tokens forced by `tool_choice` left out): each token's text, its UTF-8
-    bytes and the engine's logprob. `top_logprobs` is empty: the engine returns the sampled
-    token's logprob only (a request for more is refused)."""
+    bytes, the engine's logprob and, when asked (`top_logprobs`), the engine's most likely
+    tokens at that position with theirs."""
     if stopped and ids and renderer.eos_text and renderer.decode(ids[-1:]) == renderer.eos_text:
         ids, logprobs = ids[:-1], logprobs[:-1]
-    content = []
-    for token_id, logprob in zip(ids, logprobs, strict=True):
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
         token = renderer.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = []
+    for at, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        alternatives = top[at] if top is not None and at < len(top) else []
         content.append(
-            {
-                "token": token,
-                "logprob": logprob,
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [],
-            }
+            {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in alternatives]}
         )
     return {"content": content, "refusal": None}
+
+
+def _max_top_logprobs(client: Any) -> int:
+    """The most `top_logprobs` the engine reports (0: the sampled token's logprob only)."""
+    return client.max_top_logprobs if isinstance(client, TopLogprobs) else 0
 
 
 def _append(path: Path, line: str) -> None:
