@@ -69,6 +69,7 @@ def advance(
 ) -> list[int]:
     """The next prompt ids: extending the recorded ones, or a counted split."""
     tools_key = json.dumps(request.tools, sort_keys=True)
+    record.split_now = None
     for fork in record.forks:  # the client goes on from another choice of an `n` > 1 request
         seen = len(fork.history)
         if normal[:seen] == fork.history and all(f[0] != "assistant" for f in normal[seen:]):
@@ -87,6 +88,7 @@ def advance(
         prompt = ledger.next_prompt(internal[seen:])
         if ledger.sample_index != index:  # the template re-rendered a turn: a fresh index
             ledger.sample_index = fresh_index
+            record.split_now = ledger.split_reasons[-1]
         return prompt
     if ledger is None:
         fresh = TokenLedger(renderer)
@@ -104,6 +106,7 @@ def advance(
             split_reasons=[*ledger.split_reasons, reason],
         )
     record.ledger, record.tools_key = fresh, tools_key
+    record.split_now = fresh.split_reasons[-1] if ledger is not None else None
     return fresh.start(internal)
 
 

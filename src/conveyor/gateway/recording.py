@@ -19,6 +19,10 @@ from conveyor.runtime.base import Runtime
 from conveyor.types import EndReason, Message, Status, Task, Trajectory, Turn
 
 
+# The role of the `_meta` message that records one split (why a new training sample started).
+SPLIT_ROLE = "split"
+
+
 class RolloutState(StrEnum):
     """Where a gateway rollout is in its life."""
 
@@ -114,6 +118,10 @@ class RolloutRecord:
     runtime: Runtime | None = None
     owns_runtime: bool = False
     score_on_finish: bool = True
+    # "train" every sample a split closed, or "drop" them (mask 0): `AgentConfig.split_samples`.
+    split_samples: str = "train"
+    # Why the last chat request split, if it did (reported in its `x-conveyor-split` header).
+    split_now: str | None = None
     ctx: ToolContext | None = None
     ledger: TokenLedger | None = None
     tools_key: str = ""
@@ -204,14 +212,26 @@ class RolloutRecord:
         answer = self.submitted_answer()
         if answer is not None:
             messages.append({"role": "answer", "content": answer, "_meta": True})
+        reasons = self.ledger.split_reasons if self.ledger else []
+        messages += [
+            {"role": SPLIT_ROLE, "content": f"split {i + 1}: {reason}", "_meta": True}
+            for i, reason in enumerate(reasons)
+        ]
         counters = dict(self.counters)
         counters["splits"] = self.ledger.splits if self.ledger else 0
+        turns = list(self.turns)
+        if self.split_samples == "drop" and turns:
+            final = turns[-1].sample_index
+            dropped = [i for i, t in enumerate(turns) if t.sample_index != final]
+            for i in dropped:  # kept for the record, never trained
+                turns[i] = turns[i].model_copy(update={"loss_mask": [0] * len(turns[i].loss_mask)})
+            counters["dropped_split_turns"] = len(dropped)
         counters["turns"] = len(self.turns)
         run_s = time.monotonic() - self.started
         return Trajectory(
             task_id=self.task.id if self.task is not None else self.rollout_id,
             sample_index=self.sample_index,
-            turns=list(self.turns),
+            turns=turns,
             messages=messages,
             reward=self.reward,
             status=status,

@@ -143,9 +143,11 @@ class Gateway:
         sample_index: int = 0,
         runtime: Runtime | None = None,
         score_on_finish: bool = True,
+        split_samples: str | None = None,
     ) -> RolloutRecord:
         """A new rollout; with a task it gets a `ToolContext` and a runtime (the one given, else
-        a fresh one from the family, which the gateway closes when the rollout finishes)."""
+        a fresh one from the family, which the gateway closes when the rollout finishes);
+        `split_samples` "train"/"drop" overrides `agent.split_samples` for this rollout."""
         rollout_id = rollout_id if rollout_id is not None else uuid.uuid4().hex
         check_rollout_id(rollout_id)
         if rollout_id in self.rollouts:
@@ -154,8 +156,17 @@ class Gateway:
             task = self.tasks.get(task_id)
             if task is None:
                 raise not_found(f"unknown task {task_id!r}", code="unknown_task")
+        if split_samples not in (None, "train", "drop"):
+            raise bad_request(
+                f"split_samples must be 'train' or 'drop', got {split_samples!r}",
+                param="split_samples",
+            )
         record = RolloutRecord(
-            rollout_id, task=task, sample_index=sample_index, score_on_finish=score_on_finish
+            rollout_id,
+            task=task,
+            sample_index=sample_index,
+            score_on_finish=score_on_finish,
+            split_samples=split_samples or self.agent.split_samples,
         )
         self.rollouts[rollout_id] = record
         if task is not None:
@@ -187,6 +198,20 @@ class Gateway:
     def trajectory(self, rollout_id: str) -> Trajectory:
         """The rollout's trajectory: final once finished, else what is recorded so far."""
         return self.get(rollout_id).build(self.agent.max_turns)
+
+    def split_headers(self, rollout_id: str) -> dict[str, str]:
+        """What a chat answer tells the client of splits: `x-conveyor-splits` (so far in the
+        rollout), `x-conveyor-sample-index` (the training sample this reply is in) and, on
+        the reply whose request split, `x-conveyor-split` (why)."""
+        record = self.get(rollout_id)
+        ledger = record.ledger
+        headers = {
+            "x-conveyor-splits": str(ledger.splits if ledger else 0),
+            "x-conveyor-sample-index": str(ledger.sample_index if ledger else 0),
+        }
+        if record.split_now:
+            headers["x-conveyor-split"] = _header_text(record.split_now)
+        return headers
 
     def task_info(self, rollout_id: str) -> dict[str, Any]:
         """What the native agent would send: the task's messages, tool schemas and budgets."""
@@ -648,6 +673,12 @@ def _logprobs(
             {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in alternatives]}
         )
     return {"content": content, "refusal": None}
+
+
+def _header_text(text: str) -> str:
+    """`text` as one latin-1 header line (at most 300 characters)."""
+    flat = " ".join(text.split())[:300]
+    return flat.encode("latin-1", "replace").decode("latin-1")
 
 
 def _max_top_logprobs(client: Any) -> int:
