@@ -18,7 +18,6 @@ from conveyor.agent.tools import ToolContext
 from conveyor.runtime.base import Runtime
 from conveyor.types import EndReason, Message, Status, Task, Trajectory, Turn
 
-
 # The role of the `_meta` message that records one split (why a new training sample started).
 SPLIT_ROLE = "split"
 
