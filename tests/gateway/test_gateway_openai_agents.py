@@ -8,28 +8,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import openai
 import pytest
 
-agents = pytest.importorskip("agents")
-
-import openai  # noqa: E402
-
-from gateway.scripted import ROOMY, two_tools_then_answer  # noqa: E402
+from gateway.scripted import ROOMY, two_tools_then_answer
 
 
-@agents.function_tool
 def lookup(word: str) -> str:
     """Look a word up."""
     return f"FOUND: {word} is a feline."
 
 
-@agents.function_tool
 def define(word: str) -> str:
     """Define a word."""
     return f"DEFINED: {word} is a pet."
 
 
-async def _run(url: str, rollout: str, *, chat: bool) -> str:
+async def _run(agents: Any, url: str, rollout: str, *, chat: bool) -> str:
     client = openai.AsyncOpenAI(base_url=f"{url}/rollouts/{rollout}/v1", api_key="x")
     model: Any = (
         agents.OpenAIChatCompletionsModel(model="policy", openai_client=client)
@@ -37,7 +32,10 @@ async def _run(url: str, rollout: str, *, chat: bool) -> str:
         else agents.OpenAIResponsesModel(model="policy", openai_client=client)
     )
     agent = agents.Agent(
-        name="definer", instructions="Be brief.", tools=[lookup, define], model=model
+        name="definer",
+        instructions="Be brief.",
+        tools=[agents.function_tool(lookup), agents.function_tool(define)],
+        model=model,
     )
     if chat:
         result: Any = await agents.Runner.run(agent, "Define cat.")
@@ -51,11 +49,13 @@ async def _run(url: str, rollout: str, *, chat: bool) -> str:
 def test_openai_agents_runs_streamed_and_chat_through_the_gateway(
     tokenizer: Any, make_gw: Any, serve: Any
 ) -> None:
+    # imported here, not at collection: every xdist worker collects every module
+    agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
     gateway = make_gw(two_tools_then_answer(tokenizer), agent=ROOMY)
     with serve(gateway) as url:
-        streamed = asyncio.run(_run(url, "agents-responses", chat=False))
-        chat = asyncio.run(_run(url, "agents-chat", chat=True))
+        streamed = asyncio.run(_run(agents, url, "agents-responses", chat=False))
+        chat = asyncio.run(_run(agents, url, "agents-chat", chat=True))
     assert streamed == chat == "A cat is a small animal."
     for rollout in ("agents-responses", "agents-chat"):
         trajectory = gateway.trajectory(rollout)
