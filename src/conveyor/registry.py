@@ -409,6 +409,7 @@ FAMILIES: Registry[FamilySpec] = Registry(
         "bfcl": "conveyor.tasks.bfcl",
         "tau2": "conveyor.tasks.tau2",
         "terminal": "conveyor.tasks.terminal",
+        "usertasks": "conveyor.tasks.usertasks",
     },
 )
 _EXTERNAL_DRIVER = (

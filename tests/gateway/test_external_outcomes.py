@@ -86,8 +86,8 @@ def _engine(tokenizer: Any) -> SimulatedEngine:
     return SimulatedEngine(lambda _prompt: words + end, eos_token_id=end[0])
 
 
-def _rollout(stages: ExternalAgentStages) -> Trajectory:
-    task = stages.family("arithmetic").make_tasks(1, 0, "eval")[0]
+def _rollout(stages: ExternalAgentStages, family: str = "arithmetic") -> Trajectory:
+    task = stages.family(family).make_tasks(1, 0, "eval")[0]
 
     async def main() -> Trajectory:
         runtime = await stages.init(task, 0, 0)

@@ -148,7 +148,7 @@ def test_stop_cuts_the_reply_and_the_record_before_the_stop_string(
     assert recorded.counters["splits"] == 0
 
 
-def test_logprobs_are_the_sampled_tokens_and_top_logprobs_are_refused(
+def test_logprobs_are_the_sampled_tokens_and_top_logprobs_refused_without_engine_support(
     tokenizer: Any, make_gw: Any, serve: Any
 ) -> None:
     gateway = make_gw(_scripted(tokenizer, lambda _text: "A small animal."))
@@ -162,6 +162,7 @@ def test_logprobs_are_the_sampled_tokens_and_top_logprobs_are_refused(
             logprobs=True,
             top_logprobs=0,
         )
+        # the scripted engine reports no alternatives: more is refused, nothing sampled
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(
                 model="m",
@@ -170,6 +171,7 @@ def test_logprobs_are_the_sampled_tokens_and_top_logprobs_are_refused(
                 top_logprobs=2,
             )
         assert caught.value.body["param"] == "top_logprobs"  # type: ignore[index]
+        assert caught.value.code == "unsupported_value"
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(
                 model="m",
@@ -182,3 +184,89 @@ def test_logprobs_are_the_sampled_tokens_and_top_logprobs_are_refused(
     turn = gateway.trajectory("lp").turns[1]
     assert [t.logprob for t in content] == turn.completion_logprobs[:-1]  # the end token left out
     assert all(bytes(t.bytes) == t.token.encode() and t.top_logprobs == [] for t in content)
+
+
+def test_response_format_text_is_served_and_json_formats_are_refused(
+    tokenizer: Any, make_gw: Any, serve: Any
+) -> None:
+    """No engine here decodes under a grammar: a JSON format is refused (400, param
+    response_format) in both APIs rather than answered with text that may break it."""
+    gateway = make_gw(_scripted(tokenizer, lambda _text: "Plain words."))
+    schema = {"name": "word", "schema": {"type": "object"}}
+    with serve(gateway) as url:
+        client = _client(url, "rf")
+        text = client.chat.completions.create(
+            model="m",
+            messages=QUESTION,  # type: ignore[arg-type]
+            response_format={"type": "text"},
+        )
+        assert text.choices[0].message.content == "Plain words."
+        refused = []
+        for form in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(
+                    model="m",
+                    messages=QUESTION,  # type: ignore[arg-type]
+                    response_format=form,  # type: ignore[arg-type]
+                )
+            refused.append((caught.value.code, caught.value.param))
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.responses.create(
+                model="m",
+                input="Define cat.",
+                text={"format": {"type": "json_schema", **schema}},  # type: ignore[typeddict-item]
+            )
+        refused.append((caught.value.code, caught.value.param))
+    assert refused == [("unsupported_value", "response_format")] * 3
+    assert len(gateway.trajectory("rf").turns) == 1  # a refusal samples nothing
+
+
+def test_n_choices_are_each_recorded_and_the_one_continued_keeps_its_sample(
+    tokenizer: Any, make_gw: Any, serve: Any
+) -> None:
+    """n=2: two replies, each a recorded turn; the client goes on from the second, which
+    extends that choice's own sample (no split); the first stays a sample of its own."""
+    replies = iter(["Choice A.", "Choice B.", "Went on from B."])
+    gateway = make_gw(_scripted(tokenizer, lambda _text: next(replies)))
+    with serve(gateway) as url:
+        client = _client(url, "n2")
+        both = client.chat.completions.create(model="m", messages=QUESTION, n=2)  # type: ignore[arg-type]
+        assert [c.message.content for c in both.choices] == ["Choice A.", "Choice B."]
+        assert [c.index for c in both.choices] == [0, 1]
+        picked = both.choices[1].message.model_dump(exclude_none=True)
+        client.chat.completions.create(
+            model="m",
+            messages=[*QUESTION, picked, {"role": "user", "content": "Go on."}],  # type: ignore[list-item]
+        )
+    recorded = gateway.trajectory("n2")
+    assert recorded.counters["splits"] == 0 and recorded.counters["extra_choices"] == 1
+    assert [t.sample_index for t in recorded.turns] == [0, 1, 1]
+    first, second = recorded.samples()
+    assert tokenizer.decode(first.input_ids).endswith("Choice A.<|im_end|>")
+    text = tokenizer.decode(second.input_ids)
+    assert "Choice B." in text and "Choice A." not in text and text.endswith("B.<|im_end|>")
+    # the continued sample's prompt is choice B's ids, never re-tokenized
+    b, go_on = recorded.turns[1], recorded.turns[2]
+    assert go_on.prompt_ids[: len(b.prompt_ids) + len(b.completion_ids)] == (
+        b.prompt_ids + b.completion_ids
+    )
+
+
+def test_n_choices_stream_by_index(tokenizer: Any, make_gw: Any, serve: Any) -> None:
+    replies = iter(["First.", "Second."])
+    gateway = make_gw(_scripted(tokenizer, lambda _text: next(replies)))
+    with serve(gateway) as url:
+        stream = _client(url, "n2s").chat.completions.create(
+            model="m",
+            messages=QUESTION,  # type: ignore[arg-type]
+            n=2,
+            stream=True,
+        )
+        texts: dict[int, str] = {}
+        finished: dict[int, str] = {}
+        for chunk in stream:
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+                if choice.finish_reason:
+                    finished[choice.index] = choice.finish_reason
+    assert texts == {0: "First.", 1: "Second."} and finished == {0: "stop", 1: "stop"}

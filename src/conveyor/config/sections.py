@@ -287,6 +287,16 @@ class AgentConfig(Section):
         "one. See docs/gateway.md; examples/sdk_agent.py is one.",
     )
 
+    split_samples: Literal["train", "drop"] = Field(
+        default="train",
+        description="Gateway rollouts (agent.external_command, `conveyor gateway`): what to do "
+        "with the training samples a split closed (a client that rewrote its history, see "
+        "docs/gateway.md). 'train': every sample trains (each is token-exact policy output); "
+        "'drop': only the sample the rollout ended in trains, the earlier ones are kept in the "
+        "record with loss mask 0 (counters.dropped_split_turns). A rollout may choose its own "
+        'with POST /rollouts {"split_samples": ...}.',
+    )
+
     @model_validator(mode="after")
     def _completion_fits_context(self) -> Self:
         if self.max_completion_tokens >= self.max_context_tokens:

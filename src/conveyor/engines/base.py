@@ -34,6 +34,9 @@ class SampleRequest(BaseModel):
     seed: int | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     session_id: str = ""
+    # Also report the `top_logprobs` most likely tokens at each position (engines that can:
+    # `TopLogprobs`); 0 = the sampled token's logprob only.
+    top_logprobs: int = Field(default=0, ge=0, le=20)
 
 
 class SampleResult(BaseModel):
@@ -45,6 +48,10 @@ class SampleResult(BaseModel):
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int = 0
+    # With `SampleRequest.top_logprobs` k > 0 on an engine that reports them: per sampled
+    # position, the k most likely (token id, logprob) pairs of the distribution it was sampled
+    # from, most likely first. None when not asked for or not reported.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @runtime_checkable
@@ -71,6 +78,16 @@ class SamplingClient(Protocol):
 
     async def close(self) -> None:
         """Release the engine; idempotent."""
+        ...
+
+
+@runtime_checkable
+class TopLogprobs(Protocol):
+    """An engine that reports the most likely tokens at each position (`top_logprobs`)."""
+
+    @property
+    def max_top_logprobs(self) -> int:
+        """The largest `SampleRequest.top_logprobs` it serves."""
         ...
 
 

@@ -52,6 +52,11 @@ class HFEngine:
         self._in_flight = 0
 
     @property
+    def max_top_logprobs(self) -> int:
+        """`SampleRequest.top_logprobs` is served up to 20 (a top-k of each step's logprobs)."""
+        return 20
+
+    @property
     def in_flight(self) -> int:
         """Requests submitted and not yet answered."""
         return self._in_flight
@@ -96,6 +101,7 @@ class HFEngine:
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
         ids: list[int] = []
         logprobs: list[float] = []
+        top: list[list[tuple[int, float]]] = []
         with torch.no_grad():
             version = self._version
             inputs = torch.tensor([request.prompt_ids])
@@ -115,12 +121,19 @@ class HFEngine:
                     token = int(torch.argmax(logp))
                 ids.append(token)
                 logprobs.append(float(logp[token]))
+                if request.top_logprobs:
+                    values, indices = torch.topk(logp, request.top_logprobs)
+                    top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
                 if token in stops:
                     reason = StopReason.STOP
                     break
                 inputs = torch.tensor([[token]])
         return SampleResult(
-            token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=reason,
+            policy_version=version,
+            top_logprobs=top if request.top_logprobs else None,
         )
 
     async def update_weights(

@@ -239,6 +239,11 @@ class VLLMEngine:
             loop.call_soon_threadsafe(_set_exception, future, exc)
 
     # --- protocol --------------------------------------------------------------------------
+    @property
+    def max_top_logprobs(self) -> int:
+        """`SampleRequest.top_logprobs` is served up to 20 (vLLM's `SamplingParams.logprobs`)."""
+        return 20
+
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Generate one completion; the engine's own logprob of every sampled token comes back."""
         from vllm import SamplingParams
@@ -248,13 +253,16 @@ class VLLMEngine:
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
-            logprobs=0,
+            logprobs=request.top_logprobs,
             stop_token_ids=request.stop_token_ids or None,
             skip_special_tokens=False,
         )
         request_id = f"{request.session_id or 'r'}-{next(self._ids)}"
         result: SampleResult = await self._submit(
-            request_id, request.prompt_ids, params, _sample_result
+            request_id,
+            request.prompt_ids,
+            params,
+            lambda output, version: _sample_result(output, version, request.top_logprobs),
         )
         return result
 
@@ -437,7 +445,7 @@ def _kernel_scan_safe() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def _sample_result(output: RequestOutput, version: int) -> SampleResult:
+def _sample_result(output: RequestOutput, version: int, top: int = 0) -> SampleResult:
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     logprobs = [
@@ -446,8 +454,29 @@ def _sample_result(output: RequestOutput, version: int) -> SampleResult:
     ]
     finish = completion.finish_reason
     reason = StopReason(finish) if finish in ("stop", "length") else StopReason.ABORT
+    # with SamplingParams.logprobs k > 0 each position holds the sampled token and the k most
+    # likely ones (ranks 1..k): those are the top logprobs, most likely first
+    ranked = (
+        [
+            sorted(
+                (
+                    (token, float(lp.logprob))
+                    for token, lp in (position or {}).items()
+                    if lp.rank is not None and lp.rank <= top
+                ),
+                key=lambda pair: -pair[1],
+            )
+            for position in completion.logprobs or []
+        ]
+        if top
+        else None
+    )
     return SampleResult(
-        token_ids=ids, logprobs=logprobs, finish_reason=reason, policy_version=version
+        token_ids=ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        policy_version=version,
+        top_logprobs=ranked,
     )
 
 

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from conveyor.gateway.chat_request import parse_chat_request
 from conveyor.gateway.errors import GatewayError, bad_request
+from conveyor.gateway.responses import response_events, sse_response_events
 from conveyor.gateway.service import Gateway
 from conveyor.gateway.streaming import completion_chunks, sse_events
 from conveyor.types import Task
@@ -43,10 +44,11 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
             "task_id",
             "task",
             "sample_index",
+            "split_samples",
         }:
             raise bad_request(
                 'the body must be an object with optional "rollout_id", "task_id", "task", '
-                '"sample_index"'
+                '"sample_index", "split_samples"'
             )
         task = None
         if body.get("task") is not None:
@@ -62,6 +64,7 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
             task=task,
             task_id=body.get("task_id"),
             sample_index=sample_index,
+            split_samples=body.get("split_samples"),
         )
         rid = record.rollout_id
         return JSONResponse({"rollout_id": rid, "base_url": f"{rollout_url(rid)}/v1"})
@@ -69,7 +72,10 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
     async def show(request: Request) -> Response:
         rid = request.path_params["rid"]
         trajectory = gateway.trajectory(rid)
-        headers = {"x-conveyor-rollout-state": gateway.get(rid).state.value}
+        headers = {
+            "x-conveyor-rollout-state": gateway.get(rid).state.value,
+            "x-conveyor-splits": str(trajectory.counters.get("splits", 0)),
+        }
         return Response(trajectory.to_json(), media_type="application/json", headers=headers)
 
     async def finish(request: Request) -> Response:
@@ -94,13 +100,27 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
 
     async def chat(request: Request) -> Response:
         asked = parse_chat_request(await _json(request))
-        answer = await gateway.chat(request.path_params["rid"], asked)
+        rid = request.path_params["rid"]
+        answer = await gateway.chat(rid, asked)
+        headers = gateway.split_headers(rid)
         if asked.stream:
             # sampled and recorded whole: an error is still a plain JSON answer, as OpenAI's
             # are before its stream starts
             chunks = completion_chunks(answer, include_usage=asked.include_usage)
-            return StreamingResponse(sse_events(chunks), media_type="text/event-stream")
-        return JSONResponse(answer)
+            return StreamingResponse(
+                sse_events(chunks), media_type="text/event-stream", headers=headers
+            )
+        return JSONResponse(answer, headers=headers)
+
+    async def responses(request: Request) -> Response:
+        body = await _json(request)
+        rid = request.path_params["rid"]
+        response = await gateway.respond(rid, body)
+        headers = gateway.split_headers(rid)
+        if isinstance(body, dict) and body.get("stream"):
+            events = sse_response_events(response_events(response, body))
+            return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers)
+        return JSONResponse(response, headers=headers)
 
     async def models(request: Request) -> Response:
         entry = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "conveyor"}
@@ -118,6 +138,7 @@ def make_app(gateway: Gateway, base_url: str) -> Starlette:
         Route("/rollouts/{rid}/tools", named_tool, methods=["POST"]),
         Route("/rollouts/{rid}/tools/{name}", tool, methods=["POST"]),
         Route("/rollouts/{rid}/v1/chat/completions", chat, methods=["POST"]),
+        Route("/rollouts/{rid}/v1/responses", responses, methods=["POST"]),
         Route("/rollouts/{rid}/v1/models", models, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {

@@ -19,6 +19,8 @@ from conveyor.gateway.errors import bad_request
 from conveyor.types import Message
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# The most choices one request may ask for (each is a sampled and recorded reply).
+MAX_CHOICES = 8
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -40,6 +42,10 @@ class ChatRequest:
     named_tool: bool = False
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    # The most likely tokens to report per position (engines that report them).
+    top_logprobs: int = 0
+    # Choices sampled for this request (each recorded; see `Gateway._sample`).
+    n: int = 1
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -61,9 +67,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
                 f"stream_options must be {{'include_usage': bool}}, got {options!r}",
                 param="stream_options",
             )
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise bad_request(f"n={n!r} is not supported; one choice per request", param="n")
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}", param="n")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
@@ -88,13 +95,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         )
     if top and not logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    if top:
-        raise bad_request(
-            "top_logprobs > 0 is not supported: the engine returns the logprob of each sampled "
-            "token only; send top_logprobs 0 or leave it out",
-            param="top_logprobs",
-            code="unsupported_value",
-        )
+    _check_response_format(body.get("response_format"))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
         raise bad_request(
@@ -113,6 +114,34 @@ def parse_chat_request(body: Any) -> ChatRequest:
         named_tool=named,
         stop=_stop(body.get("stop")),
         logprobs=bool(logprobs),
+        top_logprobs=int(top or 0),
+        n=int(n),
+    )
+
+
+def _check_response_format(form: Any) -> None:
+    """`response_format`: `{"type": "text"}` (the default) is served; `json_object` and
+    `json_schema` are refused. Neither can be promised here: our engines take prompt ids and
+    return sampled ids, with no constrained (grammar-masked) decoding, and sampling freely while
+    answering as if the format were enforced would hand the agent text that breaks the
+    contract it asked for. A refusal is a 400 the client sees at once (an agent framework then
+    falls back to parsing plain text, or its user drops the setting)."""
+    if form is None:
+        return
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise bad_request(
+            f"response_format {kind!r} is not supported: the gateway's engines have no "
+            "constrained decoding, so the format could not be guaranteed; leave "
+            "response_format out (or 'text') and ask for JSON in the prompt",
+            param="response_format",
+            code="unsupported_value",
+        )
+    raise bad_request(
+        f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema'}}, got {form!r}",
+        param="response_format",
     )
 
 

@@ -68,8 +68,15 @@ def advance(
     normal: list[tuple[Any, ...]],
 ) -> list[int]:
     """The next prompt ids: extending the recorded ones, or a counted split."""
-    ledger = record.ledger
     tools_key = json.dumps(request.tools, sort_keys=True)
+    record.split_now = None
+    for fork in record.forks:  # the client goes on from another choice of an `n` > 1 request
+        seen = len(fork.history)
+        if normal[:seen] == fork.history and all(f[0] != "assistant" for f in normal[seen:]):
+            record.ledger, record.history, record.last = fork.ledger, fork.history, fork.last
+            break
+    record.forks = []
+    ledger = record.ledger
     seen = len(record.history)
     if (
         ledger is not None
@@ -77,7 +84,12 @@ def advance(
         and normal[:seen] == record.history
         and all(form[0] != "assistant" for form in normal[seen:])
     ):
-        return ledger.next_prompt(internal[seen:])
+        index, fresh_index = ledger.sample_index, record.new_sample_index()
+        prompt = ledger.next_prompt(internal[seen:])
+        if ledger.sample_index != index:  # the template re-rendered a turn: a fresh index
+            ledger.sample_index = fresh_index
+            record.split_now = ledger.split_reasons[-1]
+        return prompt
     if ledger is None:
         fresh = TokenLedger(renderer)
     else:
@@ -89,11 +101,12 @@ def advance(
         )
         fresh = TokenLedger(
             renderer,
-            sample_index=ledger.sample_index + 1,
+            sample_index=record.new_sample_index(),
             splits=ledger.splits + 1,
             split_reasons=[*ledger.split_reasons, reason],
         )
     record.ledger, record.tools_key = fresh, tools_key
+    record.split_now = fresh.split_reasons[-1] if ledger is not None else None
     return fresh.start(internal)
 
 

@@ -18,6 +18,9 @@ from conveyor.agent.tools import ToolContext
 from conveyor.runtime.base import Runtime
 from conveyor.types import EndReason, Message, Status, Task, Trajectory, Turn
 
+# The role of the `_meta` message that records one split (why a new training sample started).
+SPLIT_ROLE = "split"
+
 
 class RolloutState(StrEnum):
     """Where a gateway rollout is in its life."""
@@ -35,6 +38,16 @@ class LastTurn:
     calls: int
     parse_errors: int
     length_reason: EndReason
+
+
+@dataclass
+class Fork:
+    """One choice of a request with `n` > 1 that a next request may continue: the
+    conversation it ends (normal form), its ledger and what the outcome depends on."""
+
+    history: list[tuple[Any, ...]]
+    ledger: TokenLedger
+    last: LastTurn
 
 
 @dataclass(frozen=True)
@@ -104,14 +117,22 @@ class RolloutRecord:
     runtime: Runtime | None = None
     owns_runtime: bool = False
     score_on_finish: bool = True
+    # "train" every sample a split closed, or "drop" them (mask 0): `AgentConfig.split_samples`.
+    split_samples: str = "train"
+    # Why the last chat request split, if it did (reported in its `x-conveyor-split` header).
+    split_now: str | None = None
     ctx: ToolContext | None = None
     ledger: TokenLedger | None = None
     tools_key: str = ""
     # The conversation of the current sample in normal form (`chat_request.normal_message`).
     history: list[tuple[Any, ...]] = field(default_factory=list)
+    # The other choices of the last request with n > 1 (choice 0 is `ledger`).
+    forks: list[Fork] = field(default_factory=list)
     # Every reply sampled, with its raw text, keyed by the conversation it answered.
     replies: ReplyIndex = field(default_factory=ReplyIndex)
     call_names: dict[str, str] = field(default_factory=dict)
+    # Responses API: response id -> its conversation (chat messages, its output included).
+    responses: dict[str, list[Message]] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     last: LastTurn | None = None
@@ -136,6 +157,14 @@ class RolloutRecord:
         if self.task is not None:
             return f"{self.task.id}/{self.sample_index}"
         return self.rollout_id
+
+    def new_sample_index(self) -> int:
+        """A training-sample index no turn of this rollout uses yet."""
+        used = [t.sample_index for t in self.turns]
+        if self.ledger is not None:
+            used.append(self.ledger.sample_index)
+        used += [f.ledger.sample_index for f in self.forks]
+        return max(used, default=-1) + 1
 
     def bump(self, key: str, by: int = 1) -> None:
         """Add to an integer counter."""
@@ -182,14 +211,26 @@ class RolloutRecord:
         answer = self.submitted_answer()
         if answer is not None:
             messages.append({"role": "answer", "content": answer, "_meta": True})
+        reasons = self.ledger.split_reasons if self.ledger else []
+        messages += [
+            {"role": SPLIT_ROLE, "content": f"split {i + 1}: {reason}", "_meta": True}
+            for i, reason in enumerate(reasons)
+        ]
         counters = dict(self.counters)
         counters["splits"] = self.ledger.splits if self.ledger else 0
+        turns = list(self.turns)
+        if self.split_samples == "drop" and turns:
+            final = turns[-1].sample_index
+            dropped = [i for i, t in enumerate(turns) if t.sample_index != final]
+            for i in dropped:  # kept for the record, never trained
+                turns[i] = turns[i].model_copy(update={"loss_mask": [0] * len(turns[i].loss_mask)})
+            counters["dropped_split_turns"] = len(dropped)
         counters["turns"] = len(self.turns)
         run_s = time.monotonic() - self.started
         return Trajectory(
             task_id=self.task.id if self.task is not None else self.rollout_id,
             sample_index=self.sample_index,
-            turns=list(self.turns),
+            turns=turns,
             messages=messages,
             reward=self.reward,
             status=status,

@@ -16,15 +16,23 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from conveyor.agent.chat import ChatRenderer, RendererFactory, renderer_factory
+from conveyor.agent.chat import ChatRenderer, RendererFactory, TokenLedger, renderer_factory
 from conveyor.agent.loop import request_seed
 from conveyor.agent.parsing import parse_tool_calls
 from conveyor.agent.tools import ToolContext
 from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, SamplingConfig
-from conveyor.engines.base import EngineDown, EngineError, SampleRequest, SamplingClient
+from conveyor.engines.base import (
+    EngineDown,
+    EngineError,
+    SampleRequest,
+    SampleResult,
+    SamplingClient,
+    TopLogprobs,
+)
 from conveyor.gateway.chat_request import (
     ChatRequest,
     normal_message,
@@ -39,7 +47,8 @@ from conveyor.gateway.errors import (
     context_length_exceeded,
     not_found,
 )
-from conveyor.gateway.recording import LastTurn, RolloutRecord, RolloutState
+from conveyor.gateway.recording import Fork, LastTurn, RolloutRecord, RolloutState
+from conveyor.gateway.responses import chat_body, response_object
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.starts import RuntimeStarts
 from conveyor.tasks.family import TaskFamily, get_family
@@ -134,9 +143,11 @@ class Gateway:
         sample_index: int = 0,
         runtime: Runtime | None = None,
         score_on_finish: bool = True,
+        split_samples: str | None = None,
     ) -> RolloutRecord:
         """A new rollout; with a task it gets a `ToolContext` and a runtime (the one given, else
-        a fresh one from the family, which the gateway closes when the rollout finishes)."""
+        a fresh one from the family, which the gateway closes when the rollout finishes);
+        `split_samples` "train"/"drop" overrides `agent.split_samples` for this rollout."""
         rollout_id = rollout_id if rollout_id is not None else uuid.uuid4().hex
         check_rollout_id(rollout_id)
         if rollout_id in self.rollouts:
@@ -145,8 +156,17 @@ class Gateway:
             task = self.tasks.get(task_id)
             if task is None:
                 raise not_found(f"unknown task {task_id!r}", code="unknown_task")
+        if split_samples not in (None, "train", "drop"):
+            raise bad_request(
+                f"split_samples must be 'train' or 'drop', got {split_samples!r}",
+                param="split_samples",
+            )
         record = RolloutRecord(
-            rollout_id, task=task, sample_index=sample_index, score_on_finish=score_on_finish
+            rollout_id,
+            task=task,
+            sample_index=sample_index,
+            score_on_finish=score_on_finish,
+            split_samples=split_samples or self.agent.split_samples,
         )
         self.rollouts[rollout_id] = record
         if task is not None:
@@ -178,6 +198,20 @@ class Gateway:
     def trajectory(self, rollout_id: str) -> Trajectory:
         """The rollout's trajectory: final once finished, else what is recorded so far."""
         return self.get(rollout_id).build(self.agent.max_turns)
+
+    def split_headers(self, rollout_id: str) -> dict[str, str]:
+        """What a chat answer tells the client of splits: `x-conveyor-splits` (so far in the
+        rollout), `x-conveyor-sample-index` (the training sample this reply is in) and, on
+        the reply whose request split, `x-conveyor-split` (why)."""
+        record = self.get(rollout_id)
+        ledger = record.ledger
+        headers = {
+            "x-conveyor-splits": str(ledger.splits if ledger else 0),
+            "x-conveyor-sample-index": str(ledger.sample_index if ledger else 0),
+        }
+        if record.split_now:
+            headers["x-conveyor-split"] = _header_text(record.split_now)
+        return headers
 
     def task_info(self, rollout_id: str) -> dict[str, Any]:
         """What the native agent would send: the task's messages, tool schemas and budgets."""
@@ -216,6 +250,30 @@ class Gateway:
             await self._check_budget(record, prompt)
             return await self._sample(record, request, renderer, prompt, normal)
 
+    async def respond(self, rollout_id: str, body: Any) -> dict[str, Any]:
+        """One Responses API request (`responses`): sampled and recorded as the chat turn it
+        stands for; the response's conversation is kept for a later `previous_response_id`."""
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        earlier = None
+        if previous is not None:
+            record = self.rollouts.get(rollout_id)
+            earlier = record.responses.get(previous) if record is not None else None
+            if earlier is None:
+                raise bad_request(
+                    f"Previous response with id {previous!r} not found in rollout {rollout_id!r}",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+        chat = chat_body(body, earlier)
+        answer = await self.chat(rollout_id, parse_chat_request(chat))
+        response = response_object(answer, body)
+        kept = chat["messages"][1:] if body.get("instructions") is not None else chat["messages"]
+        self.get(rollout_id).responses[response["id"]] = [
+            *kept,
+            answer["choices"][0]["message"],
+        ]
+        return response
+
     def _renderer(self, tools: list[dict[str, Any]]) -> ChatRenderer:
         key = json.dumps(tools)
         if key not in self._renderers:
@@ -250,6 +308,10 @@ class Gateway:
         prompt: list[int],
         normal: list[tuple[Any, ...]],
     ) -> dict[str, Any]:
+        """Sample the request's `n` choices (one engine request each, seeds `seed`, `seed+1`,
+        ...) and record every one as a turn. Choice 0 continues the rollout's current sample;
+        each other choice starts a sample of its own (its prompt and reply), kept as a fork: a
+        next request that continues choice k extends choice k's sample, with no split."""
         agent, ledger = self.agent, record.ledger
         assert ledger is not None
         turn_index = len(record.turns)
@@ -262,18 +324,30 @@ class Gateway:
             if request.seed is not None
             else request_seed(self.sampling.sampling_seed, record.session, turn_index)
         )
+        if request.top_logprobs and request.top_logprobs > _max_top_logprobs(self.client):
+            raise bad_request(
+                f"top_logprobs={request.top_logprobs} is not served by this engine "
+                f"({type(self.client).__name__} reports at most "
+                f"{_max_top_logprobs(self.client)}: the sampled token's logprob only)",
+                param="top_logprobs",
+                code="unsupported_value",
+            )
         forced = renderer.encode(forced_prefix(request, renderer.tool_format))
-        sample = SampleRequest(
-            prompt_ids=prompt + forced,
-            max_tokens=max(1, min(cap, room) - len(forced)),
-            temperature=self.sampling.temperature if temperature is None else temperature,
-            top_p=self.sampling.top_p if top_p is None else top_p,
-            seed=seed,
-            session_id=record.session,
-        )
+        samples = [
+            SampleRequest(
+                prompt_ids=prompt + forced,
+                max_tokens=max(1, min(cap, room) - len(forced)),
+                temperature=self.sampling.temperature if temperature is None else temperature,
+                top_p=self.sampling.top_p if top_p is None else top_p,
+                seed=seed if seed is None or k == 0 else (seed + k) & 0x7FFFFFFF,
+                session_id=record.session,
+                top_logprobs=request.top_logprobs,
+            )
+            for k in range(request.n)
+        ]
         asked = time.monotonic()
         try:
-            result = await self.client.sample(sample)
+            results = await asyncio.gather(*(self.client.sample(s) for s in samples))
         except Exception as exc:  # every engine failure is infra: the policy did not cause it
             down = isinstance(exc, EngineDown)
             record.error = f"engine failed: {type(exc).__name__}: {exc}"
@@ -289,16 +363,70 @@ class Gateway:
             ) from (exc if isinstance(exc, EngineError) else None)
         finally:
             record.engine_s += time.monotonic() - asked
+        before = replace(
+            ledger, messages=list(ledger.messages), split_reasons=list(ledger.split_reasons)
+        )
+        choices, forks = [], []
+        for k, result in enumerate(results):
+            if k == 0:
+                fork = ledger
+            else:
+                fork = replace(
+                    before,
+                    messages=list(before.messages),
+                    split_reasons=list(before.split_reasons),
+                    sample_index=record.new_sample_index(),
+                )
+                record.bump("extra_choices")
+            choice, last, history = self._record_choice(
+                record, request, renderer, prompt, normal, fork, result, forced, k, room
+            )
+            choices.append(choice)
+            forks.append(Fork(history=history, ledger=fork, last=last))
+        record.ledger, record.history, record.last = ledger, forks[0].history, forks[0].last
+        record.forks = forks[1:]
+        completion_tokens = sum(len(t.completion_ids) for t in record.turns[turn_index:])
+        return {
+            "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
+            },
+        }
+
+    def _record_choice(
+        self,
+        record: RolloutRecord,
+        request: ChatRequest,
+        renderer: ChatRenderer,
+        prompt: list[int],
+        normal: list[tuple[Any, ...]],
+        ledger: TokenLedger,
+        result: SampleResult,
+        forced: list[int],
+        index: int,
+        room: int,
+    ) -> tuple[dict[str, Any], LastTurn, list[tuple[Any, ...]]]:
+        """Record one sampled choice on `ledger`: its turn, its raw text in the reply index;
+        returns the OpenAI choice, what the outcome depends on and the conversation it ends."""
+        turn_index = len(record.turns)
         sampled, logprobs, finish = (
             list(result.token_ids),
             list(result.logprobs),
             result.finish_reason,
         )
+        top = list(result.top_logprobs) if result.top_logprobs is not None else None
         kept = kept_before_stop(
             sampled, stop_strings(request, renderer.tool_format), renderer.decode
         )
         if kept is not None:  # a stop string: the reply ends before it, as if it stopped there
             sampled, logprobs, finish = sampled[:kept], logprobs[:kept], StopReason.STOP
+            top = top[:kept] if top is not None else None
         stopped = finish == StopReason.STOP
         # forced tokens (tool_choice) are part of the reply, never trained on
         record.turns.append(
@@ -322,7 +450,8 @@ class Gateway:
         assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
         if parsed.errors:
             record.bump("parse_errors", len(parsed.errors))
-        record.last = LastTurn(
+        agent = self.agent
+        last = LastTurn(
             stopped=stopped,
             calls=len(parsed.calls),
             parse_errors=len(parsed.errors),
@@ -330,9 +459,11 @@ class Gateway:
             if room < agent.max_completion_tokens
             else EndReason.MAX_COMPLETION_TOKENS,
         )
+        # the first choice's call ids are `call_<turn>_<i>`, another choice's name it too
+        prefix = f"call_{turn_index}" if index == 0 else f"call_{turn_index - index}c{index}"
         tool_calls: list[dict[str, Any]] = [
             {
-                "id": f"call_{turn_index}_{i}",
+                "id": f"{prefix}_{i}",
                 "type": "function",
                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
             }
@@ -348,32 +479,19 @@ class Gateway:
         }
         if tool_calls:
             message["tool_calls"] = tool_calls
-        returned = normal_message(message)
-        record.history = [*normal, returned]
-        record.replies.add(record.history, assistant["content"], turn_index)
+        history = [*normal, normal_message(message)]
+        record.replies.add(history, assistant["content"], turn_index)
         record.call_names.update({c["id"]: c["function"]["name"] for c in tool_calls})
         finish_reason = "length" if not stopped else ("tool_calls" if tool_calls else "stop")
-        completion_tokens = len(forced) + len(sampled)
         choice = {
-            "index": 0,
+            "index": index,
             "message": message,
             "finish_reason": finish_reason,
-            "logprobs": _logprobs(renderer, sampled, logprobs, stopped)
+            "logprobs": _logprobs(renderer, sampled, logprobs, stopped, top)
             if request.logprobs
             else None,
         }
-        return {
-            "id": f"chatcmpl-{record.rollout_id}-{turn_index}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) + completion_tokens,
-            },
-        }
+        return choice, last, history
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -531,26 +649,41 @@ def _require_open(record: RolloutRecord) -> None:
 
 
 def _logprobs(
-    renderer: ChatRenderer, ids: list[int], logprobs: list[float], stopped: bool
+    renderer: ChatRenderer,
+    ids: list[int],
+    logprobs: list[float],
+    stopped: bool,
+    top: list[list[tuple[int, float]]] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's `choice.logprobs` of the sampled tokens (tool-call markup included; the end of
     turn token and tokens forced by `tool_choice` left out): each token's text, its UTF-8
-    bytes and the engine's logprob. `top_logprobs` is empty: the engine returns the sampled
-    token's logprob only (a request for more is refused)."""
+    bytes, the engine's logprob and, when asked (`top_logprobs`), the engine's most likely
+    tokens at that position with theirs."""
     if stopped and ids and renderer.eos_text and renderer.decode(ids[-1:]) == renderer.eos_text:
         ids, logprobs = ids[:-1], logprobs[:-1]
-    content = []
-    for token_id, logprob in zip(ids, logprobs, strict=True):
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
         token = renderer.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = []
+    for at, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
+        alternatives = top[at] if top is not None and at < len(top) else []
         content.append(
-            {
-                "token": token,
-                "logprob": logprob,
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [],
-            }
+            {**entry(token_id, logprob), "top_logprobs": [entry(t, lp) for t, lp in alternatives]}
         )
     return {"content": content, "refusal": None}
+
+
+def _header_text(text: str) -> str:
+    """`text` as one latin-1 header line (at most 300 characters)."""
+    flat = " ".join(text.split())[:300]
+    return flat.encode("latin-1", "replace").decode("latin-1")
+
+
+def _max_top_logprobs(client: Any) -> int:
+    """The most `top_logprobs` the engine reports (0: the sampled token's logprob only)."""
+    return client.max_top_logprobs if isinstance(client, TopLogprobs) else 0
 
 
 def _append(path: Path, line: str) -> None:

@@ -24,9 +24,8 @@ from typing import Any
 
 
 def completion_chunks(answer: dict[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` objects that stream the whole completion `answer`."""
-    choice = answer["choices"][0]
-    message = choice["message"]
+    """The `chat.completion.chunk` objects that stream the whole completion `answer` (its
+    choices one after another, each chunk naming its choice's `index`)."""
     base = {
         "id": answer["id"],
         "object": "chat.completion.chunk",
@@ -34,11 +33,28 @@ def completion_chunks(answer: dict[str, Any], *, include_usage: bool) -> list[di
         "model": answer["model"],
         "system_fingerprint": None,
     }
+    chunks: list[dict[str, Any]] = []
+    for choice in answer["choices"]:
+        chunks += _choice_chunks(base, choice, include_usage)
+    if include_usage:
+        chunks.append({**base, "choices": [], "usage": answer["usage"]})
+    return chunks
+
+
+def _choice_chunks(
+    base: dict[str, Any], choice: dict[str, Any], include_usage: bool
+) -> list[dict[str, Any]]:
+    message = choice["message"]
 
     def chunk(
         delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
     ) -> dict[str, Any]:
-        entry = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        entry = {
+            "index": choice["index"],
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         out: dict[str, Any] = {**base, "choices": [entry]}
         if include_usage:
             out["usage"] = None
@@ -61,8 +77,6 @@ def completion_chunks(answer: dict[str, Any], *, include_usage: bool) -> list[di
         arguments = {"index": index, "function": {"arguments": function["arguments"]}}
         chunks += [chunk({"tool_calls": [opening]}), chunk({"tool_calls": [arguments]})]
     chunks.append(chunk({}, choice["finish_reason"], logprobs))
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": answer["usage"]})
     return chunks
 
 
