@@ -21,6 +21,7 @@ from conveyor.registry import FAMILIES
 from conveyor.rollout import AgentStages
 from conveyor.runtime.base import Runtime
 from conveyor.tasks.family import (
+    CALLS,
     SAY,
     FamilyServices,
     Grade,
@@ -30,7 +31,7 @@ from conveyor.tasks.family import (
     family_spec,
     get_family,
 )
-from conveyor.trainer.sft import ORACLE_SAY
+from conveyor.trainer.sft import ORACLE_CALLS, ORACLE_SAY
 from conveyor.types import Message, Status, Task, ToolCall, Trajectory
 
 
@@ -102,6 +103,7 @@ class Says:
 
 def test_oracle_text_steps_mean_the_same_in_tasks_and_trainer() -> None:
     assert SAY == ORACLE_SAY
+    assert CALLS == ORACLE_CALLS
 
 
 def test_options_reach_the_family_and_bad_keys_are_refused(graded: None) -> None:

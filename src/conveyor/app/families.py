@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.app.compose import Composition
-from conveyor.config import ConveyorConfig
+from conveyor.config import AgentConfig, ConveyorConfig
 from conveyor.types import Task, ToolCall, Trajectory
 
 EMPTY_REPLY = ""
@@ -96,14 +96,15 @@ async def check_family(
         tasks = parts.tasks(n, split)
         fam = parts.families[family]
         say(f"{family}: {len(tasks)} {split} instances")
-        # The check is of the family, not of the turn budget: the oracle gets the turns it needs
-        # (a 4-hop search question takes 9 calls, a bfcl conversation up to 37 replies).
+        # The turn budgets are the config's own: an oracle path that does not fit them fails
+        # the check, so a passing check says the shipped budgets fit (only the token budgets
+        # are widened, see `check_config`).
         oracle_steps = {t.id: fam.oracle_calls(t) for t in tasks}
-        longest = max((len(steps) for steps in oracle_steps.values()), default=1)
-        if longest > parts.config.agent.max_turns:
-            agent = parts.config.agent.model_copy(update={"max_turns": longest})
-            parts.config = parts.config.model_copy(update={"agent": agent})
-            say(f"{family}: agent.max_turns raised to {longest}, the oracle's longest rollout")
+        fits = {t.id: oracle_fits(oracle_steps[t.id], parts.config.agent) for t in tasks}
+        say(
+            f"{family}: the oracle path fits the turn budgets on {sum(fits.values())} of "
+            f"{len(tasks)} instances"
+        )
         oracle = await scripted_rollouts(
             parts, tasks, lambda t: oracle_steps[t.id], concurrency=concurrency
         )
@@ -129,8 +130,10 @@ async def check_family(
         "family": family,
         "split": split,
         "n": len(tasks),
+        "oracle_fits_budget": sum(fits.values()),
         "oracle_mean": _mean(t.reward for t in oracle),
         "empty_mean": _mean(t.reward for t in empty),
+        "by_category": _by_category(tasks, oracle, empty),
         "problems": problems,
         "ok": not problems,
     }
@@ -140,6 +143,39 @@ async def check_family(
             f"({problem['status']}) {problem['error'] or ''}".rstrip()
         )
     return report
+
+
+def oracle_fits(steps: Sequence[ToolCall], agent: AgentConfig) -> bool:
+    """Whether an oracle path fits `agent.max_turns` (one model turn per step) and, between
+    two plain replies (the user turns of a conversational family), the tool-calling steps fit
+    `agent.max_steps_per_user_turn`."""
+    from conveyor.tasks.family import SAY
+
+    if len(steps) > agent.max_turns:
+        return False
+    limit = agent.max_steps_per_user_turn
+    run = 0
+    for step in steps:
+        run = 0 if step.name == SAY else run + 1
+        if limit is not None and run > limit:
+            return False
+    return True
+
+
+def _by_category(
+    tasks: Sequence[Task], oracle: Sequence[Trajectory], empty: Sequence[Trajectory]
+) -> dict[str, dict[str, Any]]:
+    """Per `Task.data["category"]` (a benchmark's own grouping, such as BFCL's), the count and
+    both policies' mean reward; empty for a family without categories."""
+    category = {t.id: str(t.data["category"]) for t in tasks if "category" in t.data}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(category.values())):
+        out[name] = {
+            "n": sum(1 for c in category.values() if c == name),
+            "oracle_mean": _mean(t.reward for t in oracle if category.get(t.task_id) == name),
+            "empty_mean": _mean(t.reward for t in empty if category.get(t.task_id) == name),
+        }
+    return out
 
 
 def _mean(values: Any) -> float | None:

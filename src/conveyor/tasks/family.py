@@ -107,6 +107,17 @@ def say(text: str) -> ToolCall:
     return ToolCall(name=SAY, arguments={"text": text})
 
 
+# An oracle step that is one reply holding several tool calls (BFCL's parallel calls, where one
+# user turn needs more calls than its step limit): `ToolCall(name=CALLS, arguments={"calls":
+# [ToolCall.model_dump(), ...]})`.
+CALLS = "_calls"
+
+
+def several(calls: Sequence[ToolCall]) -> ToolCall:
+    """The oracle step "make all of `calls` in one reply"."""
+    return ToolCall(name=CALLS, arguments={"calls": [c.model_dump() for c in calls]})
+
+
 @runtime_checkable
 class Conversational(Protocol):
     """A family whose user answers the agent's text replies (see `conveyor.agent.loop`)."""

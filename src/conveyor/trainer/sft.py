@@ -21,6 +21,8 @@ from conveyor.types import Task, ToolCall
 # The name of an oracle step that is a plain text reply; equal to `conveyor.tasks.family.SAY`
 # (the trainer may not import the task layer; a test checks they agree).
 ORACLE_SAY = "_say"
+# ... and one that holds several tool calls in one reply (`conveyor.tasks.family.CALLS`).
+ORACLE_CALLS = "_calls"
 
 
 class OracleEngine:
@@ -62,11 +64,15 @@ class OracleEngine:
         self._turn[request.session_id] = turn + 1
         call = calls[min(turn, len(calls) - 1)]
         # A conversational family's oracle answers its user in plain text between tool calls.
-        text = (
-            str(call.arguments.get("text", ""))
-            if call.name == ORACLE_SAY
-            else format_tool_call(call, self._format)  # type: ignore[arg-type]
-        )
+        if call.name == ORACLE_SAY:
+            text = str(call.arguments.get("text", ""))
+        elif call.name == ORACLE_CALLS:  # several calls in one reply
+            text = "\n".join(
+                format_tool_call(ToolCall.model_validate(c), self._format)  # type: ignore[arg-type]
+                for c in call.arguments["calls"]
+            )
+        else:
+            text = format_tool_call(call, self._format)  # type: ignore[arg-type]
         ids = [*self._encode(text), self._eos]
         ids = ids[: request.max_tokens]
         reason = "stop" if ids and ids[-1] == self._eos else "length"
