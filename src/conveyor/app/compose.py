@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 
 def refuse_incomparable(config: ConveyorConfig, families: dict[str, TaskFamily]) -> None:
-    """A family in benchmark mode lists (`config_problems(config)`) what in the run's config
-    makes its number incomparable with the published one: `ValueError` naming each, unless its
-    options allow them (`allow_incomparable`), when each is printed once as a warning."""
+    """A family with a `config_problems(config)` lists what in the run's config makes its
+    number incomparable with the published one: each is printed as one NOT COMPARABLE line;
+    in benchmark mode (its options' `benchmark`) the run is refused (`ValueError` naming
+    each) unless its options allow them (`allow_incomparable`)."""
     import sys
 
     for name, family in families.items():
@@ -43,7 +44,10 @@ def refuse_incomparable(config: ConveyorConfig, families: dict[str, TaskFamily])
         found: list[str] = problems(config) if callable(problems) else []
         if not found:
             continue
-        if getattr(getattr(family, "options", None), "allow_incomparable", False):
+        options = getattr(family, "options", None)
+        if not getattr(options, "benchmark", False) or getattr(
+            options, "allow_incomparable", False
+        ):
             for problem in found:
                 print(
                     f"{name}: NOT COMPARABLE with the published benchmark: {problem}",

@@ -16,7 +16,7 @@ from typing import Any
 
 from conveyor.app.compose import Composition
 from conveyor.config import AgentConfig, ConveyorConfig
-from conveyor.types import Task, ToolCall, Trajectory
+from conveyor.types import Status, Task, ToolCall, Trajectory
 
 EMPTY_REPLY = ""
 # The smallest budgets a check gives the oracle's rollouts (tokens).
@@ -75,7 +75,9 @@ async def scripted_rollouts(
         tokenizer.eos_token_id,
         parts.config.model.tool_format,
     )
-    return await oracle_rollouts(parts.stages(engine=engine), tasks, concurrency=concurrency)
+    return await oracle_rollouts(
+        parts.stages(engine=engine), tasks, concurrency=concurrency, keep_infra_errors=True
+    )
 
 
 async def check_family(
@@ -99,6 +101,8 @@ async def check_family(
         # The turn budgets are the config's own: an oracle path that does not fit them fails
         # the check, so a passing check says the shipped budgets fit (only the token budgets
         # are widened, see `check_config`).
+        drop = getattr(fam, "dropped", None)
+        dropped: list[str] = list(drop(split)) if callable(drop) else []
         oracle_steps = {t.id: fam.oracle_calls(t) for t in tasks}
         fits = {t.id: oracle_fits(oracle_steps[t.id], parts.config.agent) for t in tasks}
         say(
@@ -114,9 +118,12 @@ async def check_family(
     finally:
         await parts.close()
     problems: list[dict[str, Any]] = []
+    infra: list[dict[str, Any]] = []
     for policy, want, rollouts in (("oracle", 1.0, oracle), ("empty", 0.0, empty)):
         for t in rollouts:
-            if t.reward != want:
+            if t.status is Status.INFRA_ERROR:  # counted, not the family's verdict
+                infra.append({"policy": policy, "task_id": t.task_id, "error": t.error})
+            elif t.reward != want:
                 problems.append(
                     {
                         "policy": policy,
@@ -134,9 +141,15 @@ async def check_family(
         "oracle_mean": _mean(t.reward for t in oracle),
         "empty_mean": _mean(t.reward for t in empty),
         "by_category": _by_category(tasks, oracle, empty),
+        "dropped": dropped,
+        "infra_errors": infra,
         "problems": problems,
         "ok": not problems,
     }
+    if dropped:
+        say(f"{family}: {len(dropped)} tasks of '{split}' left out: {', '.join(dropped)}")
+    for error in infra[:20]:
+        say(f"  infra error ({error['policy']}) {error['task_id']}: {error['error']}")
     for problem in problems[:20]:
         say(
             f"  {problem['policy']} {problem['task_id']}: reward {problem['reward']} "

@@ -83,10 +83,20 @@ class OracleEngine:
 
 
 async def oracle_rollouts(
-    stages: Any, tasks: Sequence[Task], *, concurrency: int | None = None
+    stages: Any,
+    tasks: Sequence[Task],
+    *,
+    concurrency: int | None = None,
+    keep_infra_errors: bool = False,
 ) -> list[Any]:
     """Run the agent loop once per task with the oracle as engine; returns scored trajectories
-    in task order. `concurrency` bounds the live runtimes (None: all at once)."""
+    in task order. `concurrency` bounds the live runtimes (None: all at once). An
+    infrastructure failure (`RuntimeFailure`, `EngineError`) raises, or with
+    `keep_infra_errors` is that rollout's `infra_error` trajectory and the others go on."""
+    from conveyor.engines.base import EngineError
+    from conveyor.runtime.base import RuntimeFailure
+    from conveyor.types import Status, Trajectory
+
     gate = asyncio.Semaphore(concurrency or max(1, len(tasks)))
 
     async def one(task: Task) -> Any:
@@ -95,6 +105,14 @@ async def oracle_rollouts(
             try:
                 trajectory = await stages.run(task, 0, runtime)
                 return await stages.reward(task, trajectory, runtime)
+            except (RuntimeFailure, EngineError) as error:
+                if not keep_infra_errors:
+                    raise
+                return Trajectory(
+                    task_id=task.id,
+                    status=Status.INFRA_ERROR,
+                    error=f"{type(error).__name__}: {error}",
+                )
             finally:
                 await runtime.close()
 

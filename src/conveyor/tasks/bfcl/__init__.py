@@ -350,7 +350,9 @@ class BfclFamily:
                 parsed = parse_call(text)
                 owner = owner_of(parsed.name, entry.classes)
                 calls.append(ToolCall(name=parsed.name, arguments=named_arguments(owner, parsed)))
-            steps.extend(calls if len(calls) <= self.options.max_steps_per_turn else [several(calls)])
+            steps.extend(
+                calls if len(calls) <= self.options.max_steps_per_turn else [several(calls)]
+            )
             steps.append(say(DONE_REPLY))
         return steps
 
