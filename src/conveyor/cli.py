@@ -348,6 +348,33 @@ def tasks_check(
     raise typer.Exit(code=0 if report["ok"] else 1)
 
 
+# family -> the module whose `run_parity(n_perturbed, seed)` compares our scorer with upstream's
+PARITY_CHECKS = {"bfcl": "conveyor.tasks.bfcl.parity", "tau2": "conveyor.tasks.tau2.parity"}
+
+
+@tasks_app.command("parity")
+def tasks_parity(
+    family: Annotated[str, typer.Argument(help=f"One of: {', '.join(PARITY_CHECKS)}.")],
+    n: Annotated[int, typer.Option(help="Perturbed answers (beside every gold one).")] = 500,
+    seed: Annotated[int, typer.Option(help="Seed of the perturbations.")] = 0,
+) -> None:
+    """Our scorer's verdicts against the upstream scorer's (BFCL's multi_turn_checker;
+    inspect-evals' tau2 db_match and score_communicated_info, run in .venv-inspect built by
+    scripts/venv-inspect.sh) on gold and perturbed answers: exit 0 when all agree, else 1.
+    The last line is the JSON report."""
+    import importlib
+
+    if family not in PARITY_CHECKS:
+        _fail(f"no parity check for {family!r}; there is one for: {', '.join(PARITY_CHECKS)}")
+    module = importlib.import_module(PARITY_CHECKS[family])
+    try:
+        report = module.run_parity(n, seed)
+    except (RuntimeError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(report))
+    raise typer.Exit(code=0 if report["ok"] else 1)
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Argument(help="A YAML config file (rl.warm_start settings).")],

@@ -557,3 +557,20 @@ def test_benchmark_protocol_through_the_real_loop(tokenizer: Any) -> None:
     over = got["over_limit"]
     assert (str(over.status), str(over.stop_reason), over.reward) == ("truncated", "max_turns", 0.0)
     assert over.counters["user_turn_step_limit"] == 1 and over.counters["tool_calls"] == 20
+
+
+def test_verdicts_equal_bfcls_checker_on_gold_and_perturbed_answers() -> None:
+    """A CI-sized sample of `conveyor tasks parity bfcl` (the full run: every gold answer and
+    800 perturbed, docs/benchmarks-bfcl-tau2.md): ours and BFCL's `multi_turn_checker` agree
+    on validity and error type, for every kind of perturbation."""
+    from conveyor.tasks.bfcl import parity
+
+    chosen = parity.cases(48, seed=3, gold=False)
+    gold = [c for c in parity.cases(0) if c.entry.id.endswith(("_0", "_100"))]
+    report = parity.compare([*gold, *chosen])
+    assert report["ok"], report["mismatches"]
+    assert set(report["by_kind"]) == {"gold", *parity.PERTURBATIONS}
+    assert report["by_kind"]["gold"]["upstream_valid"] == len(gold) == 8
+    # the sample is not trivial: BFCL rejects most perturbed answers and accepts some
+    rejected = sum(r["n"] - r["upstream_valid"] for k, r in report["by_kind"].items() if k != "gold")
+    assert 0 < rejected < len(chosen)
