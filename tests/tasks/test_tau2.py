@@ -715,3 +715,23 @@ def test_benchmark_protocol_end_to_end_with_an_endpoint_user__fake_user(
     assert "no reply in 1.0 s" in report["infra_errors"][0]["error"]
     assert report["oracle_mean"] == 1.0 and report["empty_mean"] == 0.0
     assert server.stops == 2 and report["dropped"] == []
+
+
+def test_verdicts_equal_inspect_evals_scorers_on_a_recorded_sample() -> None:
+    """A CI-sized sample of `conveyor tasks parity tau2` (the full run: every gold answer and
+    500 perturbed, in the side venv; docs/benchmarks-bfcl-tau2.md): inspect-evals' `db_match`
+    and `score_communicated_info` verdicts, recorded in the side venv, equal our grader's."""
+    from conveyor.tasks.tau2 import parity
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "tau2" / "parity_sample.json"
+    everything = json.loads(fixture.read_text())["cases"]
+    # one case of each kind (each ~0.2 s: a rollout's database is parsed afresh)
+    recorded = list({case["kind"]: case for case in everything}.values())
+    kinds = {case["kind"] for case in recorded}
+    assert "gold" in kinds and len(kinds) >= 8
+    assert any(not (c["upstream"]["db"] and c["upstream"]["info"]) for c in recorded)
+
+    async def all_ours() -> list[dict[str, bool]]:
+        return [await parity.ours(case) for case in recorded]
+
+    assert run(all_ours()) == [case["upstream"] for case in recorded]
