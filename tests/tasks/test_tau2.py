@@ -597,6 +597,8 @@ def test_benchmark_serves_the_whole_upstream_test_split_and_drops_nothing() -> N
         "airline": 20,
         "retail": 40,
     }
+    everything = Tau2Family(services=FamilyServices(options={"upstream_split": "all"}))
+    assert len(everything.served("eval")) == 164 - 26 and len(everything.dropped("eval")) == 26
     # the training default leaves out what doing nothing passes, and says which
     assert FAMILY.dropped("test") == [
         "airline/6",

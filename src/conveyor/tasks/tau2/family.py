@@ -124,10 +124,11 @@ class Tau2Options(BaseModel):
         "tool output and not the customer's scenario holds them; more fails the info check. "
         "null: no such rule (tau2-bench has none).",
     )
-    upstream_test_split: bool = Field(
-        default=False,
-        description="Serve tau2-bench's whole test split (our eval and test halves together) "
-        "whatever split is asked: for evaluation only.",
+    upstream_split: Literal["test", "all"] | None = Field(
+        default=None,
+        description="Serve tau2-bench's own split whatever split is asked: 'test' (its whole "
+        "test split, our eval and test halves together: 60 tasks) or 'all' (every task: 164, "
+        "training ones included); for evaluation only. null: our train/eval/test splits.",
     )
     benchmark: bool = Field(
         default=False,
@@ -283,8 +284,8 @@ class Tau2Family:
 
     # -- instances ------------------------------------------------------------------------
     def served(self, split: str) -> list[_Source]:
-        """The tasks of `split` this family serves, in a fixed order (with
-        `upstream_test_split`, tau2-bench's whole test split)."""
+        """The tasks of `split` this family serves, in a fixed order (with `upstream_split`,
+        tau2-bench's own test split or every task)."""
         return [
             source
             for source in self._in_split(split)
@@ -304,9 +305,10 @@ class Tau2Family:
             for domain in self.options.domains
             for source in sources(domain)
             if (
-                data.source_splits(domain)[source.source_id] == "test"
-                if self.options.upstream_test_split
-                else split_of_source(source) == split
+                split_of_source(source) == split
+                if self.options.upstream_split is None
+                else self.options.upstream_split == "all"
+                or data.source_splits(domain)[source.source_id] == "test"
             )
         ]
 
