@@ -512,7 +512,7 @@ def test_benchmark_mode_refuses_incomparable_settings_unless_told(
     assert Composition(benchmark_config()).families  # the shipped one runs
     options = {} if overrides else {"malformed_call_ends_turn": False}
     with pytest.raises(ValueError, match=f"incomparable.*{problem}"):
-        Composition(benchmark_config(overrides, **options)).families
+        assert Composition(benchmark_config(overrides, **options)).families  # refused before this
     told = benchmark_config(overrides, **options, allow_incomparable=True)
     assert Composition(told).families
     assert "NOT COMPARABLE" in capsys.readouterr().err
@@ -572,5 +572,7 @@ def test_verdicts_equal_bfcls_checker_on_gold_and_perturbed_answers() -> None:
     assert set(report["by_kind"]) == {"gold", *parity.PERTURBATIONS}
     assert report["by_kind"]["gold"]["upstream_valid"] == len(gold) == 8
     # the sample is not trivial: BFCL rejects most perturbed answers and accepts some
-    rejected = sum(r["n"] - r["upstream_valid"] for k, r in report["by_kind"].items() if k != "gold")
+    rejected = sum(
+        r["n"] - r["upstream_valid"] for k, r in report["by_kind"].items() if k != "gold"
+    )
     assert 0 < rejected < len(chosen)

@@ -624,7 +624,7 @@ def test_the_embedded_or_the_policys_own_customer_is_not_comparable(
         assert len(lines) == 1 and why in lines[0]
         refused = benchmark_config([f"tasks.user_engine.engine={engine}"], user=None)
         with pytest.raises(ValueError, match=why):
-            Composition(refused).families
+            assert Composition(refused).families  # refused before this
     told = benchmark_config(user=None, allow_incomparable=True)
     assert Composition(told).families
 
@@ -661,7 +661,7 @@ class _FakeUserServer:
         self.lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 assert self.path == "/v1/chat/completions" and body["model"] == "scripted"
                 assert self.headers["Authorization"] == "Bearer test-key"

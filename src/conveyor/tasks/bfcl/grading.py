@@ -10,10 +10,10 @@ with BFCL's own parts, feeding it what our runtime already executed safely:
   reached a simulator, and a deep copy of the instances when the turn ended;
 - each turn is judged as `multi_turn_checker` judges it: a turn with ground-truth calls fails
   when the model made none (`empty_turn_model_response`: no tool-calling step, by the
-  trajectory's count, so a call our validation refused counts as made, as in BFCL); a turn without (a `miss_func` /
-  `miss_param` turn where the model should ask) is skipped; otherwise BFCL's `state_checker`
-  compares every instance's public attributes and BFCL's `response_checker` requires every
-  ground-truth result among the model's results so far;
+  trajectory's count, so a call our validation refused counts as made, as in BFCL); a turn
+  without (a `miss_func` / `miss_param` turn where the model should ask) is skipped; otherwise
+  BFCL's `state_checker` compares every instance's public attributes and BFCL's
+  `response_checker` requires every ground-truth result among the model's results so far;
 - as in BFCL's runner, a conversation that did not reach its last turn, or a turn with more steps
   than BFCL's step limit, fails (`force_terminated`).
 

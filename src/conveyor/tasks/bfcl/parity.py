@@ -209,7 +209,9 @@ async def ours(case: Case) -> tuple[bool, str]:
 
     entry = case.entry
     runtime = BfclRuntime(entry)
-    registry = BfclRegistry(SimulatorTool(doc) for cls in entry.classes for doc in function_docs(cls))
+    registry = BfclRegistry(
+        SimulatorTool(doc) for cls in entry.classes for doc in function_docs(cls)
+    )
     task = Task(id=entry.id, family="bfcl", prompt=[], data=entry.to_data())
     ctx = ToolContext(task=task, runtime=runtime)
     steps = []

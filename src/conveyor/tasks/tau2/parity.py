@@ -181,9 +181,7 @@ def cases(n_perturbed: int, seed: int = 0, gold: bool = True) -> list[dict[str, 
 async def ours(case: dict[str, Any]) -> dict[str, bool]:
     """Our grader's verdicts: the actions through our tools, the family's `judge`."""
     family = Tau2Family(
-        services=FamilyServices(
-            options={"include_unverifiable": True, "max_foreign_info": None}
-        )
+        services=FamilyServices(options={"include_unverifiable": True, "max_foreign_info": None})
     )
     task: Task = family.task_of(case["domain"], case["task_id"])
     world = Tau2Runtime(case["domain"], await replay(case["domain"], case["actions"]))
