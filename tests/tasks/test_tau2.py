@@ -737,3 +737,17 @@ def test_verdicts_equal_inspect_evals_scorers_on_a_recorded_sample() -> None:
         return [await parity.ours(case) for case in recorded]
 
     assert run(all_ours()) == [case["upstream"] for case in recorded]
+
+
+def test_the_parity_command_names_a_missing_side_venv_and_unknown_families(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from conveyor.cli import app
+
+    monkeypatch.setenv("CONVEYOR_INSPECT_VENV", str(tmp_path / "none"))
+    missing = CliRunner().invoke(app, ["tasks", "parity", "tau2", "--n", "1"])
+    assert missing.exit_code != 0 and "scripts/venv-inspect.sh" in missing.output
+    unknown = CliRunner().invoke(app, ["tasks", "parity", "search"])
+    assert unknown.exit_code != 0 and "bfcl, tau2" in unknown.output
