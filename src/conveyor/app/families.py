@@ -161,7 +161,8 @@ async def check_family(
 def oracle_fits(steps: Sequence[ToolCall], agent: AgentConfig) -> bool:
     """Whether an oracle path fits `agent.max_turns` (one model turn per step) and, between
     two plain replies (the user turns of a conversational family), the tool-calling steps fit
-    `agent.max_steps_per_user_turn`."""
+    `agent.max_steps_per_user_turn`. It counts one context: a family whose tools reset the
+    history (memory) gets `max_turns` per context and may fit where this says it does not."""
     from conveyor.tasks.family import SAY
 
     if len(steps) > agent.max_turns:
