@@ -83,10 +83,9 @@ def _check_turns(
         if not calls:
             continue
         # BFCL's "empty turn" is a turn without tool-calling steps; a call our validation
-        # refused is a step (BFCL's executor runs it and records its error), so the step count
-        # decides where the trajectory gives one, else what reached the simulators
-        made_calls = steps_per_turn[turn] > 0 if turn < len(steps_per_turn) else turn_results
-        if not made_calls:
+        # refused is a step too (BFCL's executor runs it and records its error)
+        stepped = turn < len(steps_per_turn) and steps_per_turn[turn] > 0
+        if not turn_results and not stepped:
             return Verdict(
                 False,
                 "multi_turn:empty_turn_model_response",
