@@ -11,6 +11,7 @@ scripts/venv-inspect.sh.
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib.util
 import json
 import sys
@@ -18,6 +19,7 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import inspect_evals.tau2.common.scorer as scorer_module
 from inspect_ai.model import ChatMessageUser
 from inspect_ai.scorer import CORRECT, Target
 from inspect_ai.tool import ToolError
@@ -26,7 +28,6 @@ from inspect_evals.tau2.common.metadata import Tau2MetaData
 from inspect_evals.tau2.common.scorer import db_match, score_communicated_info
 from inspect_evals.tau2.data_model.tasks import Task
 from inspect_evals.tau2.retail.RetailAgentTools import RetailAgentTools
-
 
 # Tools that are not methods of the domain's tool class and touch no database (as
 # inspect-evals' get_expected_db skips them).
@@ -42,12 +43,35 @@ def records(domain: str) -> dict[str, dict[str, Any]]:
         return {str(r["id"]): r for r in json.load(handle)}
 
 
+# Speed only, verdicts unchanged: the initial database is parsed once per domain and each
+# answer's tools get a deep copy of it; `db_match`'s expected database (the reference actions
+# replayed by inspect-evals' own `get_expected_db`) is computed once per task.
+_INITIAL: dict[str, Any] = {}
+_EXPECTED: dict[tuple[str, str], Any] = {}
+_original_expected = scorer_module.get_expected_db
+
+
+def _fresh(domain: str) -> Any:
+    cls = AirlineAgentTools if domain == "airline" else RetailAgentTools
+    if domain not in _INITIAL:
+        tools = cls(instance=f"parity_initial_{domain}")
+        tools.initialize()
+        _INITIAL[domain] = tools.db
+    tools = cls(instance=f"parity_{uuid.uuid4().hex}")
+    tools.initialized = True
+    tools.db = copy.deepcopy(_INITIAL[domain])
+    return tools
+
+
 async def verdict(case: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> dict[str, bool]:
     domain = case["domain"]
-    tools = (AirlineAgentTools if domain == "airline" else RetailAgentTools)(
-        instance=f"parity_{uuid.uuid4().hex}"
-    )
-    tools.initialize()
+    key = (domain, case["task_id"])
+    if key not in _EXPECTED:
+        _EXPECTED[key] = _original_expected(
+            domain, Task.model_validate(tasks[case["task_id"]]).evaluation_criteria.actions or []
+        )
+    scorer_module.get_expected_db = lambda _domain, _actions: _EXPECTED[key]
+    tools = _fresh(domain)
     for action in case["actions"]:
         if action["name"] in NO_DATABASE:
             continue
