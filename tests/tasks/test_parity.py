@@ -60,4 +60,5 @@ def test_the_parity_command_reports_and_refuses_an_unknown_scorer() -> None:
     report = json.loads(result.output.strip().splitlines()[-1])
     assert report["by_kind"] == {"gold": 1, "padded": 1} and report["ok"]
     bad = runner.invoke(app, ["tasks", "parity", "--scorer", "mbpp"])
-    assert bad.exit_code != 0 and "--scorer must be 'humaneval' or 'rg'" in bad.output
+    assert bad.exit_code != 0 and "no parity check for 'mbpp'" in bad.output
+    assert "humaneval, rg, bfcl, tau2" in bad.output

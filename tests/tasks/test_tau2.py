@@ -533,16 +533,8 @@ def scripted_customer(monkeypatch: pytest.MonkeyPatch) -> ScriptedCustomer:
     return customer
 
 
-def test_oracle_scores_one_and_empty_zero_through_the_loop(
-    scripted_customer: ScriptedCustomer, model_dir: Path
-) -> None:
-    from conveyor.app.families import check_family
-
-    report = run(check_family(_config(), "tau2", n=3, say=lambda _: None))
-    assert report["ok"], report["problems"]
-    assert report["oracle_mean"] == 1.0 and report["empty_mean"] == 0.0
-    # the customer answered the greeting, then stopped after hearing the information
-    assert scripted_customer.seen and all(len(s) in (4, 6) for s in scripted_customer.seen)
+# The oracle/empty check through the loop runs in benchmark mode with an endpoint customer:
+# test_benchmark_protocol_end_to_end_with_an_endpoint_user__fake_user (one ~45 s check, not two).
 
 
 @pytest.mark.slow
@@ -580,3 +572,188 @@ def test_split_of_source_is_stable() -> None:
     first = [split_of_source(s) for s in sources("retail")]
     assert first == [split_of_source(s) for s in sources("retail")]
     assert {"train", "eval", "test"} == set(first)
+
+
+# -- benchmark mode (configs/benchmarks/tau2.yaml) -------------------------------------------
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "configs" / "benchmarks" / "tau2.yaml"
+
+
+def benchmark_config(overrides: list[str] | None = None, **options: Any) -> Any:
+    """The shipped benchmark config with `overrides` and tau2 options changed."""
+    from conveyor.config import load_config
+
+    shipped = load_config(BENCHMARK, []).config.tasks.options["tau2"]
+    merged = json.dumps({**shipped, **options})
+    return load_config(BENCHMARK, [*(overrides or []), f"tasks.options={{tau2: {merged}}}"]).config
+
+
+def test_benchmark_serves_the_whole_upstream_test_split_and_drops_nothing() -> None:
+    config = benchmark_config()
+    bench = Tau2Family(services=FamilyServices(options=config.tasks.options["tau2"]))
+    served = bench.served("eval")
+    assert len(served) == 60 and bench.dropped("eval") == []
+    assert {s.domain: sum(x.domain == s.domain for x in served) for s in served} == {
+        "airline": 20,
+        "retail": 40,
+    }
+    everything = Tau2Family(services=FamilyServices(options={"upstream_split": "all"}))
+    assert len(everything.served("eval")) == 164 - 26 and len(everything.dropped("eval")) == 26
+    # the training default leaves out what doing nothing passes, and says which
+    assert FAMILY.dropped("test") == [
+        "airline/6",
+        "airline/13",
+        "airline/31",
+        "airline/48",
+        "retail/12",
+    ]
+
+
+def test_the_embedded_or_the_policys_own_customer_is_not_comparable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from conveyor.app.compose import Composition
+    from conveyor.config import load_config
+
+    assert Composition(benchmark_config()).families  # a real endpoint: comparable, no mark
+    assert "NOT COMPARABLE" not in capsys.readouterr().err
+    for engine, why in (("hf", "embedded SmolLM2-135M"), ("run", "its own customer")):
+        plain = load_config(None, ["tasks.families=[tau2]", f"tasks.user_engine.engine={engine}"])
+        assert Composition(plain.config).families  # runs, marked in one line
+        lines = [x for x in capsys.readouterr().err.splitlines() if "NOT COMPARABLE" in x]
+        assert len(lines) == 1 and why in lines[0]
+        refused = benchmark_config([f"tasks.user_engine.engine={engine}"], user=None)
+        with pytest.raises(ValueError, match=why):
+            assert Composition(refused).families  # refused before this
+    told = benchmark_config(user=None, allow_incomparable=True)
+    assert Composition(told).families
+
+
+def test_a_truncated_or_timed_out_conversation_scores_zero() -> None:
+    from conveyor.types import Status
+
+    task = FAMILY.task_of("retail", "0")
+    steps = [s for s in FAMILY.oracle_calls(task) if s.name != SAY]
+    _, runtime = run(act(task, steps))
+    runtime.heard.append(
+        next(s for s in FAMILY.oracle_calls(task)[::-1] if s.arguments.get("text")).arguments[
+            "text"
+        ]
+    )
+    for status, want in ((Status.OK, 1.0), (Status.TRUNCATED, 0.0), (Status.TIMEOUT, 0.0)):
+        trajectory = Trajectory(task_id=task.id, status=status)
+        assert run(FAMILY.grade(task, trajectory, runtime)).reward == want
+
+
+class _FakeUserServer:
+    """An OpenAI-compatible chat endpoint whose "model" is a script (no capable user model can
+    run here): it states a request, says ###STOP### once the agent has answered, and stalls
+    past the client's timeout on the first conversation it sees."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        import time
+
+        server = self
+        self.stalled = False
+        self.stops = 0
+        self.lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                assert self.path == "/v1/chat/completions" and body["model"] == "scripted"
+                assert self.headers["Authorization"] == "Bearer test-key"
+                agent_lines = [m for m in body["messages"] if m["role"] == "user"][1:]
+                with server.lock:
+                    stall, server.stalled = not server.stalled, True
+                if stall:
+                    time.sleep(3.0)
+                if len(agent_lines) <= 1:
+                    text = "I need help with my order."
+                else:
+                    text = "Thanks, that's all. ###STOP###"
+                    with server.lock:
+                        server.stops += 1
+                reply = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_benchmark_protocol_end_to_end_with_an_endpoint_user__fake_user(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`conveyor tasks check` with the shipped benchmark config and the customer on an
+    OpenAI-compatible endpoint (a scripted one): the customer that stops ends each oracle
+    conversation (1.0), the empty agent scores 0, and the customer that times out is one
+    counted infrastructure error of its rollout while the check goes on."""
+    from conveyor.app.families import check_family
+
+    monkeypatch.setenv("FAKE_USER_KEY", "test-key")
+    server = _FakeUserServer()
+    try:
+        user = {"base_url": server.url, "model": "scripted", "api_key_env": "FAKE_USER_KEY"}
+        config = benchmark_config(user={**user, "timeout_s": 1.0})
+        report = run(check_family(config, "tau2", n=3, say=lambda _: None))
+    finally:
+        server.close()
+    assert report["ok"], report["problems"]
+    assert len(report["infra_errors"]) == 1, report
+    assert "no reply in 1.0 s" in report["infra_errors"][0]["error"]
+    assert report["oracle_mean"] == 1.0 and report["empty_mean"] == 0.0
+    assert server.stops == 2 and report["dropped"] == []
+
+
+def test_verdicts_equal_inspect_evals_scorers_on_a_recorded_sample() -> None:
+    """A CI-sized sample of `conveyor tasks parity tau2` (the full run: every gold answer and
+    500 perturbed, in the side venv; docs/benchmarks-bfcl-tau2.md): inspect-evals' `db_match`
+    and `score_communicated_info` verdicts, recorded in the side venv, equal our grader's."""
+    from conveyor.tasks.tau2 import parity
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "tau2" / "parity_sample.json"
+    everything = json.loads(fixture.read_text())["cases"]
+    # one case of some kinds (each ~0.3 s: the database is parsed afresh); the full run has all
+    wanted = (
+        "gold",
+        "drop_action",
+        "mutate_argument",
+        "foreign_action",
+        "truncate_info",
+        "nothing",
+    )
+    recorded = [next(c for c in everything if c["kind"] == kind) for kind in wanted]
+    assert any(not (c["upstream"]["db"] and c["upstream"]["info"]) for c in recorded)
+
+    async def all_ours() -> list[dict[str, bool]]:
+        return [await parity.ours(case) for case in recorded]
+
+    assert run(all_ours()) == [case["upstream"] for case in recorded]
+
+
+def test_the_parity_command_names_a_missing_side_venv_and_unknown_families(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from conveyor.cli import app
+
+    monkeypatch.setenv("CONVEYOR_INSPECT_VENV", str(tmp_path / "none"))
+    missing = CliRunner().invoke(app, ["tasks", "parity", "tau2", "--n", "1"])
+    assert missing.exit_code != 0 and "scripts/venv-inspect.sh" in missing.output
+    unknown = CliRunner().invoke(app, ["tasks", "parity", "search"])
+    assert unknown.exit_code != 0 and "bfcl, tau2" in unknown.output

@@ -14,7 +14,10 @@ Whatever happens, the turns sampled so far stay token-exact and are returned.
 Two hooks serve families beyond single-question tasks:
 - a conversational family (BFCL, tau2) passes `user_turn`: when the agent replies with text and no
   tool call, the family's user answers (the next question, a simulated customer's reply) and the
-  loop goes on; when the user has nothing more to say the rollout ends `ok` (`user_done`);
+  loop goes on; when the user has nothing more to say the rollout ends `ok` (`user_done`).
+  `agent.max_steps_per_user_turn` bounds the tool-calling replies of one user turn, and a
+  family may ask (`malformed_ends_turn`, BFCL) that a reply whose calls do not parse end the
+  user turn, none of its calls run, instead of drawing a hint or ending the rollout;
 - a tool may call `ToolContext.reset_context(messages)` (a memory agent's `update_memory`): after
   that turn the history is dropped and a fresh conversation starts from `messages`, as a new
   training sample. Resets are counted in `counters["resets"]`, apart from template `splits`, and
@@ -24,6 +27,7 @@ Two hooks serve families beyond single-question tasks:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -93,9 +97,11 @@ class AgentLoop:
         rollout_timeout_s: float,
         hint_policy: Callable[[HintsConfig], HintPolicy] = HintPolicy,
         user_turn: UserTurn | None = None,
+        malformed_ends_turn: bool = False,
     ) -> None:
         self.renderer = renderer
         self.user_turn = user_turn
+        self.malformed_ends_turn = malformed_ends_turn and user_turn is not None
         self.client = client
         self.tools = tools
         self.agent = agent
@@ -199,6 +205,7 @@ class AgentLoop:
         previous_action: str | None = None
         session = f"{task.id}/{sample_index}"
         context_turns = 0  # turns of the current context: a reset opens a fresh budget
+        user_turn_steps = 0  # tool-calling replies since the last user message
         for turn_index in itertools.count():
             if context_turns == cfg.max_turns:
                 break
@@ -232,9 +239,22 @@ class AgentLoop:
             parsed = parse_tool_calls(
                 assistant["content"], self.renderer.tool_format, self._schemas
             )
-            assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
             if parsed.errors:
                 state.bump("parse_errors", len(parsed.errors))
+                if self.malformed_ends_turn:
+                    # BFCL: a reply that does not decode ends the user turn, none of it runs
+                    state.bump("malformed_turn_ends")
+                    parsed = dataclasses.replace(parsed, calls=[], errors=[])
+            assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
+            if parsed.calls and self.user_turn is not None:
+                user_turn_steps += 1
+                if (
+                    cfg.max_steps_per_user_turn is not None
+                    and user_turn_steps > cfg.max_steps_per_user_turn
+                ):
+                    state.bump("user_turn_step_limit")
+                    state.status, state.stop_reason = Status.TRUNCATED, EndReason.MAX_TURNS
+                    return
             replies: list[Message] = []
             tool_errors: list[str] = []
             for call in parsed.calls:
@@ -262,6 +282,7 @@ class AgentLoop:
                     return
                 state.bump("user_turns")
                 previous_action = None
+                user_turn_steps = 0
                 prompt = ledger.next_prompt([{"role": "user", "content": said}])
                 continue
             fresh = ctx.state.pop(RESET_KEY, None)

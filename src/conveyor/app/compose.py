@@ -32,6 +32,35 @@ if TYPE_CHECKING:
     from conveyor.trainer.backend import TrainingBackend
 
 
+def refuse_incomparable(config: ConveyorConfig, families: dict[str, TaskFamily]) -> None:
+    """A family with a `config_problems(config)` lists what in the run's config makes its
+    number incomparable with the published one: each is printed as one NOT COMPARABLE line;
+    in benchmark mode (its options' `benchmark`) the run is refused (`ValueError` naming
+    each) unless its options allow them (`allow_incomparable`)."""
+    import sys
+
+    for name, family in families.items():
+        problems = getattr(family, "config_problems", None)
+        found: list[str] = problems(config) if callable(problems) else []
+        if not found:
+            continue
+        options = getattr(family, "options", None)
+        if not getattr(options, "benchmark", False) or getattr(
+            options, "allow_incomparable", False
+        ):
+            for problem in found:
+                print(
+                    f"{name}: NOT COMPARABLE with the published benchmark: {problem}",
+                    file=sys.stderr,
+                )
+            continue
+        raise ValueError(
+            f"{name} runs in benchmark mode, and this config makes its number incomparable: "
+            + "; ".join(found)
+            + f" (tasks.options.{name}.allow_incomparable: true runs it anyway, marked so)"
+        )
+
+
 class Composition:
     """Builds the parts of one run from its config; each part is built on first use.
 
@@ -64,9 +93,11 @@ class Composition:
         if self._families is None:
             from conveyor.tasks.family import build_families
 
-            self._families = build_families(
+            families = build_families(
                 self.config.tasks.families, self.config.runtime, self.family_services
             )
+            refuse_incomparable(self.config, families)
+            self._families = families
         return self._families
 
     def family_services(self, name: str) -> FamilyServices:

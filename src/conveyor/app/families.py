@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.app.compose import Composition
-from conveyor.config import ConveyorConfig
-from conveyor.types import Task, ToolCall, Trajectory
+from conveyor.config import AgentConfig, ConveyorConfig
+from conveyor.types import Status, Task, ToolCall, Trajectory
 
 EMPTY_REPLY = ""
 # The smallest budgets a check gives the oracle's rollouts (tokens).
@@ -105,14 +105,17 @@ async def check_family(
             split = "eval" if split is None else split
             tasks = parts.tasks(10 if n is None else n, split)
         say(f"{family}: {len(tasks)} {split} instances")
-        # The check is of the family, not of the turn budget: the oracle gets the turns it needs
-        # (a 4-hop search question takes 9 calls, a bfcl conversation up to 37 replies).
+        # The turn budgets are the config's own: an oracle path that does not fit them fails
+        # the check, so a passing check says the shipped budgets fit (only the token budgets
+        # are widened, see `check_config`).
+        drop = getattr(fam, "dropped", None)
+        dropped: list[str] = list(drop(split)) if callable(drop) else []
         oracle_steps = {t.id: fam.oracle_calls(t) for t in tasks}
-        longest = max((len(steps) for steps in oracle_steps.values()), default=1)
-        if longest > parts.config.agent.max_turns:
-            agent = parts.config.agent.model_copy(update={"max_turns": longest})
-            parts.config = parts.config.model_copy(update={"agent": agent})
-            say(f"{family}: agent.max_turns raised to {longest}, the oracle's longest rollout")
+        fits = {t.id: oracle_fits(oracle_steps[t.id], parts.config.agent) for t in tasks}
+        say(
+            f"{family}: the oracle path fits the turn budgets on {sum(fits.values())} of "
+            f"{len(tasks)} instances"
+        )
         oracle = await scripted_rollouts(
             parts, tasks, lambda t: oracle_steps[t.id], concurrency=concurrency
         )
@@ -122,9 +125,12 @@ async def check_family(
     finally:
         await parts.close()
     problems: list[dict[str, Any]] = []
+    infra: list[dict[str, Any]] = []
     for policy, want, rollouts in (("oracle", 1.0, oracle), ("empty", 0.0, empty)):
         for t in rollouts:
-            if t.reward != want:
+            if t.status is Status.INFRA_ERROR:  # counted, not the family's verdict
+                infra.append({"policy": policy, "task_id": t.task_id, "error": t.error})
+            elif t.reward != want:
                 problems.append(
                     {
                         "policy": policy,
@@ -138,17 +144,59 @@ async def check_family(
         "family": family,
         "split": split,
         "n": len(tasks),
+        "oracle_fits_budget": sum(fits.values()),
         "oracle_mean": _mean(t.reward for t in oracle),
         "empty_mean": _mean(t.reward for t in empty),
+        "by_category": _by_category(tasks, oracle, empty),
+        "dropped": dropped,
+        "infra_errors": infra,
         "problems": problems,
         "ok": not problems,
     }
+    if dropped:
+        say(f"{family}: {len(dropped)} tasks of '{split}' left out: {', '.join(dropped)}")
+    for error in infra[:20]:
+        say(f"  infra error ({error['policy']}) {error['task_id']}: {error['error']}")
     for problem in problems[:20]:
         say(
             f"  {problem['policy']} {problem['task_id']}: reward {problem['reward']} "
             f"({problem['status']}) {problem['error'] or ''}".rstrip()
         )
     return report
+
+
+def oracle_fits(steps: Sequence[ToolCall], agent: AgentConfig) -> bool:
+    """Whether an oracle path fits `agent.max_turns` (one model turn per step) and, between
+    two plain replies (the user turns of a conversational family), the tool-calling steps fit
+    `agent.max_steps_per_user_turn`. It counts one context: a family whose tools reset the
+    history (memory) gets `max_turns` per context and may fit where this says it does not."""
+    from conveyor.tasks.family import SAY
+
+    if len(steps) > agent.max_turns:
+        return False
+    limit = agent.max_steps_per_user_turn
+    run = 0
+    for step in steps:
+        run = 0 if step.name == SAY else run + 1
+        if limit is not None and run > limit:
+            return False
+    return True
+
+
+def _by_category(
+    tasks: Sequence[Task], oracle: Sequence[Trajectory], empty: Sequence[Trajectory]
+) -> dict[str, dict[str, Any]]:
+    """Per `Task.data["category"]` (a benchmark's own grouping, such as BFCL's), the count and
+    both policies' mean reward; empty for a family without categories."""
+    category = {t.id: str(t.data["category"]) for t in tasks if "category" in t.data}
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(category.values())):
+        out[name] = {
+            "n": sum(1 for c in category.values() if c == name),
+            "oracle_mean": _mean(t.reward for t in oracle if category.get(t.task_id) == name),
+            "empty_mean": _mean(t.reward for t in empty if category.get(t.task_id) == name),
+        }
+    return out
 
 
 def _mean(values: Any) -> float | None:

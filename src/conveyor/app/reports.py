@@ -22,6 +22,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """tau-bench's pass^k from n samples with c correct: the chance that k samples drawn
+    without replacement are ALL correct, C(c, k) / C(n, k) (Yao et al., 2024)."""
+    return math.comb(c, k) / math.comb(n, k) if n >= k else 0.0
+
+
 def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int) -> dict[str, Any]:
     """Aggregate metrics of an evaluation; infra errors are counted, never scored as failures."""
     family_of = {t.id: t.family for t in tasks}
@@ -53,13 +59,15 @@ def summarize(trajectories: Sequence[Trajectory], tasks: Sequence[Task], k: int)
             "no_data": not scored,
         }
         for kk in range(1, k + 1):
-            values = []
+            values, every = [], []
             for i in task_ids:
                 group = [t for t in by_task[i] if t.status is not Status.INFRA_ERROR]
                 if len(group) >= kk:
                     correct = sum(1 for t in group if t.solved)
                     values.append(pass_at_k(len(group), correct, kk))
+                    every.append(pass_hat_k(len(group), correct, kk))
             out[f"pass@{kk}"] = rate(values)
+            out[f"pass^{kk}"] = rate(every)  # tau2's metric: all of k tries solve it
         return out
 
     families = sorted({family_of[t] for t in by_task if t in family_of})

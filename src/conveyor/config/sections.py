@@ -246,6 +246,14 @@ class AgentConfig(Section):
         "history, such as the memory family's update_memory, opens a context with a fresh "
         "budget).",
     )
+    max_steps_per_user_turn: int | None = Field(
+        default=None,
+        gt=0,
+        description="For a family whose user speaks after each text reply (bfcl, tau2): most "
+        "tool-calling replies between two user messages. One more ends the rollout as "
+        "truncated (max_turns), as BFCL's force quit after 20 steps of one user turn does. "
+        "null: only agent.max_turns bounds the conversation.",
+    )
     max_contexts: int = Field(
         default=128,
         gt=0,

@@ -27,6 +27,12 @@ Optional parts a family may have, each found by `isinstance` against its protoco
   result can name its data), listed by `conveyor tasks families`;
 - a constructor taking `services` (`FamilyServices`): its `tasks.options` entry and clients for
   the models that play a part (a simulated user, a judge);
+- attribute `malformed_call_ends_turn` (a conversational family, BFCL): a reply whose calls do
+  not parse ends the user turn instead of drawing a hint or ending the rollout;
+- `config_problems(config) -> list[str]`: what in the run's config makes its number
+  incomparable with the benchmark's published one (printed as NOT COMPARABLE; refused when its
+  options set `benchmark` without `allow_incomparable`: `conveyor.app.compose`);
+- `dropped(split) -> list[str]`: instances of `split` it leaves out, which `tasks check` lists;
 - a class method `resolve_options(options) -> dict`: its `tasks.options` entry as the run uses
   it, called when the config loads (a `ValueError` refuses the config), so the run's
   `config.yaml` records what was used (swe: row files as absolute paths with content hashes).
@@ -105,6 +111,17 @@ SAY = "_say"
 def say(text: str) -> ToolCall:
     """The oracle step "reply `text` without calling a tool"."""
     return ToolCall(name=SAY, arguments={"text": text})
+
+
+# An oracle step that is one reply holding several tool calls (BFCL's parallel calls, where one
+# user turn needs more calls than its step limit): `ToolCall(name=CALLS, arguments={"calls":
+# [ToolCall.model_dump(), ...]})`.
+CALLS = "_calls"
+
+
+def several(calls: Sequence[ToolCall]) -> ToolCall:
+    """The oracle step "make all of `calls` in one reply"."""
+    return ToolCall(name=CALLS, arguments={"calls": [c.model_dump() for c in calls]})
 
 
 @runtime_checkable

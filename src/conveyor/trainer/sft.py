@@ -21,6 +21,8 @@ from conveyor.types import Task, ToolCall
 # The name of an oracle step that is a plain text reply; equal to `conveyor.tasks.family.SAY`
 # (the trainer may not import the task layer; a test checks they agree).
 ORACLE_SAY = "_say"
+# ... and one that holds several tool calls in one reply (`conveyor.tasks.family.CALLS`).
+ORACLE_CALLS = "_calls"
 
 
 class OracleEngine:
@@ -62,11 +64,15 @@ class OracleEngine:
         self._turn[request.session_id] = turn + 1
         call = calls[min(turn, len(calls) - 1)]
         # A conversational family's oracle answers its user in plain text between tool calls.
-        text = (
-            str(call.arguments.get("text", ""))
-            if call.name == ORACLE_SAY
-            else format_tool_call(call, self._format)  # type: ignore[arg-type]
-        )
+        if call.name == ORACLE_SAY:
+            text = str(call.arguments.get("text", ""))
+        elif call.name == ORACLE_CALLS:  # several calls in one reply
+            text = "\n".join(
+                format_tool_call(ToolCall.model_validate(c), self._format)  # type: ignore[arg-type]
+                for c in call.arguments["calls"]
+            )
+        else:
+            text = format_tool_call(call, self._format)  # type: ignore[arg-type]
         ids = [*self._encode(text), self._eos]
         ids = ids[: request.max_tokens]
         reason = "stop" if ids and ids[-1] == self._eos else "length"
@@ -84,10 +90,10 @@ async def oracle_rollouts(
     keep_infra_errors: bool = False,
 ) -> list[Any]:
     """Run the agent loop once per task with the oracle as engine; returns scored trajectories
-    in task order. `concurrency` bounds the live runtimes (None: all at once).
-    `keep_infra_errors`: an infrastructure failure (`RuntimeFailure`: a sandbox, an engine, a
-    verifier that cannot run) becomes that task's trajectory with status `infra_error` and its
-    reason, instead of ending every rollout."""
+    in task order. `concurrency` bounds the live runtimes (None: all at once). An
+    infrastructure failure (`RuntimeFailure`, `EngineError`) raises, or with
+    `keep_infra_errors` is that rollout's `infra_error` trajectory and the others go on."""
+    from conveyor.engines.base import EngineError
     from conveyor.runtime.base import RuntimeFailure
     from conveyor.types import Status, Trajectory
 
@@ -102,11 +108,14 @@ async def oracle_rollouts(
                     return await stages.reward(task, trajectory, runtime)
                 finally:
                     await runtime.close()
-            except RuntimeFailure as exc:
+            except (RuntimeFailure, EngineError) as error:
                 if not keep_infra_errors:
                     raise
                 return Trajectory(
-                    task_id=task.id, sample_index=0, status=Status.INFRA_ERROR, error=str(exc)
+                    task_id=task.id,
+                    sample_index=0,
+                    status=Status.INFRA_ERROR,
+                    error=f"{type(error).__name__}: {error}",
                 )
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))

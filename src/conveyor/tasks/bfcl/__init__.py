@@ -18,8 +18,12 @@ the last one the rollout ends and is graded.
 - Splits: by a hash of the scenario number, so the four categories' variants of one scenario
   (``multi_turn_base_7``, ``multi_turn_miss_func_7``, ...) always share a split.
 
-Options (`tasks.options.bfcl`): `categories` (default all four) and `max_steps_per_turn` (BFCL's
-force-quit limit of tool-calling replies in one user turn, default 20).
+Options (`tasks.options.bfcl`): `categories` (default all four), `max_steps_per_turn` (BFCL's
+force-quit limit of tool-calling replies in one user turn, default 20), `whole_set` (every entry
+whatever the split: the leaderboard's 800), `malformed_call_ends_turn` (as BFCL: a reply whose
+calls do not parse ends the user turn, not the rollout) and `benchmark` (refuse a run whose
+number could not stand beside BFCL's: see `BfclFamily.config_problems`;
+configs/benchmarks/bfcl.yaml is that run).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import Tool, ToolArgumentsError, ToolContext, ToolRegistry
+from conveyor.config import ConveyorConfig
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.tasks.bfcl.data import (
     BFCL_VERSION,
@@ -56,6 +61,7 @@ from conveyor.tasks.family import (
     opening,
     register_family,
     say,
+    several,
     shuffled_pool,
     split_of,
 )
@@ -91,6 +97,28 @@ class BfclOptions(BaseModel):
         gt=0,
         description="Most tool-calling replies in one user turn; more fails the instance, as "
         "BFCL's force quit does.",
+    )
+    whole_set: bool = Field(
+        default=False,
+        description="Serve every entry of the chosen categories whatever split is asked (the "
+        "leaderboard's whole set, 200 per category): for evaluation only, since it holds the "
+        "train split's entries too.",
+    )
+    malformed_call_ends_turn: bool = Field(
+        default=True,
+        description="A reply whose tool calls do not parse ends the user turn (none of its "
+        "calls run; the next user message follows), as BFCL's runner does; false: the loop's "
+        "usual handling (a hint, or the end of the rollout with hints off).",
+    )
+    benchmark: bool = Field(
+        default=False,
+        description="Benchmark mode: refuse settings that make the number incomparable with "
+        "BFCL's (compact tool prompt, hints, a step budget other than max_steps_per_turn per "
+        "user turn) unless allow_incomparable is set.",
+    )
+    allow_incomparable: bool = Field(
+        default=False,
+        description="With benchmark: only warn about incomparable settings, do not refuse.",
     )
 
 
@@ -204,14 +232,42 @@ class BfclFamily:
         services = services if services is not None else FamilyServices()
         self.options = family_options(self.name, BfclOptions, services.options)
 
+    @property
+    def malformed_call_ends_turn(self) -> bool:
+        """Read by the rollout stages: a reply that does not parse ends the user turn."""
+        return self.options.malformed_call_ends_turn
+
+    def config_problems(self, config: ConveyorConfig) -> list[str]:
+        """With `benchmark`: what in `config` makes the number incomparable with BFCL's
+        leaderboard (the composition refuses the run unless `allow_incomparable`)."""
+        if not self.options.benchmark:
+            return []
+        problems = []
+        if config.model.tool_prompt == "compact":
+            problems.append(
+                "model.tool_prompt is 'compact' (no parameter descriptions, required flags, "
+                "enums or nested schemas); BFCL shows the full function docs: use 'schema'"
+            )
+        if config.agent.hints.enabled:
+            problems.append("agent.hints.enabled adds text BFCL never shows: set it false")
+        if config.agent.max_steps_per_user_turn != self.options.max_steps_per_turn:
+            problems.append(
+                f"agent.max_steps_per_user_turn is {config.agent.max_steps_per_user_turn}; "
+                f"BFCL allows {self.options.max_steps_per_turn} steps per user turn"
+            )
+        if not self.options.malformed_call_ends_turn:
+            problems.append("malformed_call_ends_turn is off; in BFCL a bad reply ends the turn")
+        return problems
+
     def entries(self, split: str) -> list[Entry]:
-        """Every entry of the chosen categories in `split`, in dataset order."""
+        """Every entry of the chosen categories in `split` (every one with `whole_set`), in
+        dataset order."""
         check_split(split)
         return [
             entry
             for category in self.options.categories
             for entry in load_category(category)
-            if split_of(f"bfcl/multi_turn/{entry.scenario}") == split
+            if self.options.whole_set or split_of(f"bfcl/multi_turn/{entry.scenario}") == split
         ]
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
@@ -283,14 +339,20 @@ class BfclFamily:
         )
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:
-        """Per turn, the ground truth's calls (named arguments) and then a plain reply."""
+        """Per turn, the ground truth's calls (named arguments), one a reply, and then a plain
+        reply; a turn with more calls than `max_steps_per_turn` makes them all in one reply
+        (BFCL's parallel calls: two long_context entries have 34 in one turn)."""
         entry = Entry.from_data(task.data)
         steps: list[ToolCall] = []
-        for calls in entry.answer:
-            for text in calls:
+        for texts in entry.answer:
+            calls = []
+            for text in texts:
                 parsed = parse_call(text)
                 owner = owner_of(parsed.name, entry.classes)
-                steps.append(ToolCall(name=parsed.name, arguments=named_arguments(owner, parsed)))
+                calls.append(ToolCall(name=parsed.name, arguments=named_arguments(owner, parsed)))
+            steps.extend(
+                calls if len(calls) <= self.options.max_steps_per_turn else [several(calls)]
+            )
             steps.append(say(DONE_REPLY))
         return steps
 

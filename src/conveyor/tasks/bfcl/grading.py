@@ -9,10 +9,11 @@ with BFCL's own parts, feeding it what our runtime already executed safely:
 - the model's side is our runtime's record: per turn the rendered results of the calls that
   reached a simulator, and a deep copy of the instances when the turn ended;
 - each turn is judged as `multi_turn_checker` judges it: a turn with ground-truth calls fails
-  when the model made none (`empty_turn_model_response`); a turn without (a `miss_func` /
-  `miss_param` turn where the model should ask) is skipped; otherwise BFCL's `state_checker`
-  compares every instance's public attributes and BFCL's `response_checker` requires every
-  ground-truth result among the model's results so far;
+  when the model made none (`empty_turn_model_response`: no tool-calling step, by the
+  trajectory's count, so a call our validation refused counts as made, as in BFCL); a turn
+  without (a `miss_func` / `miss_param` turn where the model should ask) is skipped; otherwise
+  BFCL's `state_checker` compares every instance's public attributes and BFCL's
+  `response_checker` requires every ground-truth result among the model's results so far;
 - as in BFCL's runner, a conversation that did not reach its last turn, or a turn with more steps
   than BFCL's step limit, fails (`force_terminated`).
 
@@ -62,10 +63,12 @@ def check(entry: Entry, runtime: BfclRuntime, steps_per_turn: list[int], max_ste
             turns_checked=checked,
         )
     with _GroundTruth(entry) as truth:
-        return _check_turns(entry, runtime, truth, checked)
+        return _check_turns(entry, runtime, truth, checked, steps_per_turn)
 
 
-def _check_turns(entry: Entry, runtime: BfclRuntime, truth: _GroundTruth, checked: int) -> Verdict:
+def _check_turns(
+    entry: Entry, runtime: BfclRuntime, truth: _GroundTruth, checked: int, steps_per_turn: list[int]
+) -> Verdict:
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
         response_checker,
         state_checker,
@@ -79,7 +82,10 @@ def _check_turns(entry: Entry, runtime: BfclRuntime, truth: _GroundTruth, checke
         model_results.extend(turn_results)
         if not calls:
             continue
-        if not turn_results:
+        # BFCL's "empty turn" is a turn without tool-calling steps; a call our validation
+        # refused is a step too (BFCL's executor runs it and records its error)
+        stepped = turn < len(steps_per_turn) and steps_per_turn[turn] > 0
+        if not turn_results and not stepped:
             return Verdict(
                 False,
                 "multi_turn:empty_turn_model_response",

@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.agent.chat_client import ChatClient
+from conveyor.agent.chat_client import ChatClient, EndpointChatClient
 from conveyor.agent.parsing import format_tool_call
 from conveyor.agent.tools import ToolContext, ToolRegistry
-from conveyor.config import RuntimeConfig
+from conveyor.config import ConveyorConfig, RuntimeConfig
+from conveyor.config.sections import RUN_ENGINE
 from conveyor.runtime.base import Runtime, RuntimeFailure
 from conveyor.runtime.selection import started
 from conveyor.tasks.family import (
@@ -47,7 +48,7 @@ from conveyor.tasks.family import (
 )
 from conveyor.tasks.tau2 import airline, data, retail
 from conveyor.tasks.tau2.common import Tau2Runtime
-from conveyor.types import Task, ToolCall, Trajectory
+from conveyor.types import Status, Task, ToolCall, Trajectory
 
 Domain = Literal["airline", "retail"]
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -71,6 +72,27 @@ def _all_domains() -> list[Domain]:
     return ["airline", "retail"]
 
 
+class UserEndpoint(BaseModel):
+    """`tasks.options.tau2.user`: the simulated customer on an OpenAI-compatible endpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="The endpoint's URL, e.g. https://api.openai.com/v1.")
+    model: str = Field(description="The model name the endpoint serves, e.g. gpt-4.1.")
+    api_key_env: str | None = Field(
+        default=None,
+        description="The environment variable holding the API key (none: no key is sent).",
+    )
+    timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Wall-time limit of one customer reply; past it the rollout is an "
+        "infrastructure error.",
+    )
+    temperature: float = Field(default=0.0, ge=0, description="Sampling temperature.")
+    max_tokens: int = Field(default=1024, gt=0, description="Longest customer reply, in tokens.")
+
+
 class Tau2Options(BaseModel):
     """`tasks.options.tau2`."""
 
@@ -79,19 +101,45 @@ class Tau2Options(BaseModel):
     domains: list[Domain] = Field(
         default_factory=_all_domains, min_length=1, description="Domains served."
     )
-    max_user_turns: int = Field(
-        default=10, gt=0, description="Most replies of the simulated user in one rollout."
+    user: UserEndpoint | None = Field(
+        default=None,
+        description="The simulated customer on an OpenAI-compatible endpoint (base_url, model, "
+        "api_key_env); none: tasks.user_engine plays it.",
+    )
+    max_user_turns: int | None = Field(
+        default=10,
+        gt=0,
+        description="Most replies of the simulated user in one rollout; null: no cap but the "
+        "agent's budgets (tau2-bench has none).",
     )
     include_unverifiable: bool = Field(
         default=False,
         description="Also serve tasks that change nothing and require no information (an "
-        "agent that does nothing scores 1.0 on them).",
+        "agent that does nothing scores 1.0 on them, as in tau2-bench's own scoring).",
     )
-    max_foreign_info: int = Field(
+    max_foreign_info: int | None = Field(
         default=2,
         ge=0,
         description="Most required-info strings of OTHER tasks the agent may say although no "
-        "tool output and not the customer's scenario holds them; more fails the info check.",
+        "tool output and not the customer's scenario holds them; more fails the info check. "
+        "null: no such rule (tau2-bench has none).",
+    )
+    upstream_split: Literal["test", "all"] | None = Field(
+        default=None,
+        description="Serve tau2-bench's own split whatever split is asked: 'test' (its whole "
+        "test split, our eval and test halves together: 60 tasks) or 'all' (every task: 164, "
+        "training ones included); for evaluation only. null: our train/eval/test splits.",
+    )
+    benchmark: bool = Field(
+        default=False,
+        description="Benchmark mode: refuse settings that make the number incomparable with "
+        "tau2-bench's (the embedded or the policy's own model as the customer, compact tool "
+        "prompt, hints, user-turn caps, dropped tasks, the foreign-info rule) unless "
+        "allow_incomparable is set.",
+    )
+    allow_incomparable: bool = Field(
+        default=False,
+        description="With benchmark: only mark the run NOT COMPARABLE, do not refuse.",
     )
 
 
@@ -236,15 +284,64 @@ class Tau2Family:
 
     # -- instances ------------------------------------------------------------------------
     def served(self, split: str) -> list[_Source]:
-        """The tasks of `split` this family serves, in a fixed order."""
+        """The tasks of `split` this family serves, in a fixed order (with `upstream_split`,
+        tau2-bench's own test split or every task)."""
+        return [
+            source
+            for source in self._in_split(split)
+            if self.options.include_unverifiable or verifiable(source)
+        ]
+
+    def dropped(self, split: str) -> list[str]:
+        """The tasks of `split` left out (unverifiable ones without `include_unverifiable`),
+        as `domain/id`: a report lists them."""
+        served = {source.key for source in self.served(split)}
+        return [source.key for source in self._in_split(split) if source.key not in served]
+
+    def _in_split(self, split: str) -> list[_Source]:
         check_split(split, self.splits)
         return [
             source
             for domain in self.options.domains
             for source in sources(domain)
-            if split_of_source(source) == split
-            and (self.options.include_unverifiable or verifiable(source))
+            if (
+                split_of_source(source) == split
+                if self.options.upstream_split is None
+                else self.options.upstream_split == "all"
+                or data.source_splits(domain)[source.source_id] == "test"
+            )
         ]
+
+    def config_problems(self, config: ConveyorConfig) -> list[str]:
+        """What in `config` makes the pass rate incomparable with tau2-bench's: reported (one
+        NOT COMPARABLE line each) in every run, refused in benchmark mode unless
+        `allow_incomparable` (see `conveyor.app.compose.refuse_incomparable`)."""
+        problems = []
+        if self.options.user is None:
+            side = config.tasks.user_engine
+            if side.engine == RUN_ENGINE:
+                problems.append(
+                    "the policy plays its own customer (tasks.user_engine.engine: run); set "
+                    "tasks.options.tau2.user to a capable model's endpoint"
+                )
+            elif side.model is None:
+                problems.append(
+                    "the customer is the embedded SmolLM2-135M, which cannot play one; set "
+                    "tasks.options.tau2.user to a capable model's endpoint"
+                )
+        if not self.options.benchmark:
+            return problems
+        if config.model.tool_prompt == "compact":
+            problems.append("model.tool_prompt is 'compact'; tau2-bench shows full tool schemas")
+        if config.agent.hints.enabled:
+            problems.append("agent.hints.enabled adds text tau2-bench never shows")
+        if self.options.max_user_turns is not None:
+            problems.append(f"max_user_turns caps the customer at {self.options.max_user_turns}")
+        if not self.options.include_unverifiable:
+            problems.append("include_unverifiable is off: tasks tau2-bench grades are dropped")
+        if self.options.max_foreign_info is not None:
+            problems.append("max_foreign_info adds a rule tau2-bench's scoring does not have")
+        return problems
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
         """`n` distinct tasks of `split` in a seeded order (a larger `n` extends a smaller)."""
@@ -305,7 +402,18 @@ class Tau2Family:
 
     # -- the simulated customer ---------------------------------------------------------
     def user_client(self) -> ChatClient:
-        """The simulated customer's chat client (`tasks.user_engine`), built on first use."""
+        """The simulated customer's chat client (`user`, else `tasks.user_engine`), built on
+        first use."""
+        if self._user is None and self.options.user is not None:
+            endpoint = self.options.user
+            self._user = EndpointChatClient(
+                endpoint.base_url,
+                endpoint.model,
+                api_key_env=endpoint.api_key_env,
+                timeout_s=endpoint.timeout_s,
+                temperature=endpoint.temperature,
+                max_tokens=endpoint.max_tokens,
+            )
         if self._user is None:
             if self.services.user is None:
                 raise RuntimeFailure(
@@ -317,10 +425,14 @@ class Tau2Family:
 
     async def user_turn(self, task: Task, runtime: Runtime | None, reply: str) -> str | None:
         """The customer's answer to the agent's text `reply`; None ends the conversation (an
-        empty reply, a stop token, or the user-turn budget spent)."""
+        empty reply, a stop token, or the user-turn budget spent). A user model that fails or
+        times out is an infrastructure error of this rollout (`RuntimeFailure`)."""
         world = _world(runtime)
         world.heard.append(reply)
-        if not reply.strip() or world.user_turns >= self.options.max_user_turns:
+        if not reply.strip():
+            return None
+        cap = self.options.max_user_turns
+        if cap is not None and world.user_turns >= cap:
             return None
         if not world.user_messages:
             world.user_messages = [
@@ -329,7 +441,12 @@ class Tau2Family:
                 {"role": "assistant", "content": OPENING},
             ]
         world.user_messages.append({"role": "user", "content": reply})
-        said = (await self.user_client().reply(list(world.user_messages))).strip()
+        try:
+            said = (await self.user_client().reply(list(world.user_messages))).strip()
+        except RuntimeFailure:
+            raise
+        except Exception as error:  # the user model's failure, never the policy's
+            raise RuntimeFailure(f"tau2: the user model failed: {error}") from error
         world.user_messages.append({"role": "assistant", "content": said})
         world.user_turns += 1
         if any(token in said for token in STOP_TOKENS):
@@ -340,7 +457,16 @@ class Tau2Family:
     async def grade(self, task: Task, trajectory: Trajectory, runtime: Runtime) -> Grade:
         """Database match and required information, each 0/1; the reward is their AND."""
         outputs = [str(m.get("content") or "") for m in trajectory.messages if m["role"] == "tool"]
-        return await self.judge(task, _world(runtime), outputs)
+        grade = await self.judge(task, _world(runtime), outputs)
+        if trajectory.status in (Status.TRUNCATED, Status.TIMEOUT):
+            # tau2-bench: a conversation neither the agent nor the customer ended scores 0
+            record = {"unfinished": f"{trajectory.status.value} ({trajectory.stop_reason})"}
+            return Grade(
+                reward=0.0,
+                breakdown=grade.breakdown,
+                records=[*grade.records, {"role": "tau2_grade", "content": json.dumps(record)}],
+            )
+        return grade
 
     async def score(self, task: Task, answer: str | None, runtime: Runtime) -> float:
         """The reward of `grade` without a trajectory (no tool output grounds a value)."""
@@ -356,7 +482,8 @@ class Tau2Family:
         missing = [info for info in task.data["communicate_info"] if info.lower() not in text]
         foreign = self._foreign_said(task, world, text, tool_outputs)
         db_ok = final == expected
-        info_ok = not missing and len(foreign) <= self.options.max_foreign_info
+        limit = self.options.max_foreign_info
+        info_ok = not missing and (limit is None or len(foreign) <= limit)
         record = {
             "db_changes_digest": final,
             "expected_db_changes_digest": expected,
