@@ -42,7 +42,7 @@ class RowEnvironment(BaseModel):
     test_cmd: str = Field(
         "python -m pytest",
         description="How pytest runs: 'python [-m wrapper ...] -m pytest [flags]'; only "
-        "flags that change what pytest prints or switch a plugin off (`test_command`).",
+        "flags that change what pytest prints or switch a plugin off (`row_test_command`).",
     )
     extra_test_deps: list[str] = Field(default_factory=list, description="pip requirements.")
     setup_patch: str = Field("", description="Diff from the sdist to the task's starting state.")
@@ -81,7 +81,7 @@ class SweRow(BaseModel):
     eval_script: str | None = Field(
         None,
         description="swebench 5: the harness's bash script; its lines between the start and "
-        "end markers are the test command (`swebench_spec.test_command`).",
+        "end markers are the test command (`swebench_spec.row_test_command`).",
     )
     log_parser: str | None = Field(
         None, description="swebench 5: the name of the harness's log parser for this row."

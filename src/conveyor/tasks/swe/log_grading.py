@@ -7,7 +7,7 @@ fresh workspace of the starting state, the whole patch with `git apply`, protect
 changes reverted from the tree (`guards.restore_protected`), the hidden test patch (one that does
 not apply to the starting state is a `TaskDefect`), tests in the bubblewrap sandbox (no network,
 the test venv read-only; a sandbox that cannot start is a `RuntimeFailure`, never an
-unsandboxed run). Then it runs the row's test command (`swebench_spec.test_command`) between the
+unsandboxed run). Then it runs the row's test command (`swebench_spec.row_test_command`) between the
 harness's markers, its exit status recorded after them, and hands the log to swebench's
 `get_logs_eval` (which refuses a log without its markers, and one whose command exited non-zero
 while reporting no failure: a patch printing its own "PASSED" lines) and its report functions.
@@ -42,7 +42,7 @@ from conveyor.tasks.swe.swebench_spec import (
     decide,
     parser_name,
     read_statuses,
-    test_command,
+    row_test_command,
     wrap_command,
 )
 from conveyor.tasks.swe.test_run import TestOutcome, TestRun
@@ -66,7 +66,7 @@ async def run_logged(row: SweRow, workspace: Any, options: GradingOptions) -> tu
     limits = SandboxLimits(memory_bytes=options.memory_bytes)
     runtime = make_test_runtime(workspace, env, options.runtime, limits, mounts)
     runtime.extra_env.update(test_env_vars(env, str(runtime.root), row.env.pythonpath, metadata))
-    script = wrap_command(test_command(row))
+    script = wrap_command(row_test_command(row))
     await started(runtime)
     try:
         result = await runtime.exec(f"bash -c {shlex.quote(script)} 2>&1", options.run_timeout_s)
@@ -96,7 +96,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     options = options or GradingOptions()
     start = time.monotonic()
     pytest_ids = parser_name(row) in PYTEST_PARSERS
-    test_command(row)  # a row without a test command is refused before any work
+    row_test_command(row)  # a row without a test command is refused before any work
     template = await run_in_pool("reward", row_template, row)
     env = await run_in_pool("reward", row_environment, row)
     rules = await run_in_pool("reward", task_protection_rules, row, template, env)

@@ -9,11 +9,11 @@ end markers with the named parser (`swebench.harness.log_parsers.PARSER_REGISTRY
   (`MAP_REPO_TO_PARSER_PY`: Django's `runtests.py`, sympy's `bin/test`, pytest for the rest),
   that repository's parser; else `parse_log_pytest` for our `pypi:` rows. `ValueError` for a
   name the package does not have.
-- `test_command(row)`: the lines of the row's `eval_script` between the start and end markers
+- `row_test_command(row)`: the lines of the row's `eval_script` between the start and end markers
   (SWE-bench's test command with its test directives); for a row without one (our factory's),
   `python -m pytest -rA` over the files of its F2P/P2P node ids, with the row's pytest flags.
 - `eval_script(row)`: the harness script of a row without one (apply the test patch at
-  `/testbed`, run `test_command` between the markers), so a factory row becomes an ordinary
+  `/testbed`, run `row_test_command` between the markers), so a factory row becomes an ordinary
   SWE-bench row (`swebench_record`).
 - `verdict(row, log)`: per-test statuses and `resolved` as the harness decides them: its own
   `get_logs_eval` (the markers, its failure codes, the exit-status cross-check it records) and
@@ -100,12 +100,12 @@ def uses_log_grading(row: SweRow) -> bool:
     return row.project is None or parser_name(row) not in PYTEST_PARSERS
 
 
-def test_files(row: SweRow) -> list[str]:
+def row_test_files(row: SweRow) -> list[str]:
     """The test files of the row's F2P and P2P pytest node ids."""
     return sorted({t.split("::")[0] for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]})
 
 
-def test_command(row: SweRow) -> str:
+def row_test_command(row: SweRow) -> str:
     """The row's test command (see the module doc); `ValueError` when its `eval_script` has no
     command between the markers."""
     if row.eval_script:
@@ -124,7 +124,16 @@ def test_command(row: SweRow) -> str:
             "the test command in each instance, not per repository)"
         )
     flags = parse_test_command(row.env.test_cmd).pytest_flags
-    words = ["python", "-m", "pytest", *flags, "-rA", "-p", "no:cacheprovider", *test_files(row)]
+    words = [
+        "python",
+        "-m",
+        "pytest",
+        *flags,
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+        *row_test_files(row),
+    ]
     return shlex.join(words)
 
 
@@ -140,7 +149,7 @@ def eval_script(row: SweRow) -> str:
             "cd /testbed",
             *([f"git apply --verbose --reject - <<'{_HEREDOC}'", body + _HEREDOC] if body else []),
             f": '{START}'",
-            test_command(row),
+            row_test_command(row),
             f": '{END}'",
             "",
         ]
