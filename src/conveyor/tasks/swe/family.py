@@ -280,14 +280,15 @@ class SweFamily:
             reward=report.reward,
             breakdown={"resolved": float(report.resolved), "tampered": float(report.tampered)},
             records=[
-                {"role": "grader", "content": content},
-                # The graded patch, for `conveyor eval`'s SWE-bench `predictions.jsonl`.
+                # The graded patch, for `conveyor eval`'s SWE-bench `predictions.jsonl`; the
+                # verdict stays the last record.
                 {
                     "role": "grader",
                     "name": PREDICTION_RECORD,
                     "instance_id": row.instance_id,
                     "content": report.model_patch or "",
                 },
+                {"role": "grader", "content": content},
             ],
         )
 
