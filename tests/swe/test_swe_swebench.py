@@ -20,11 +20,12 @@ from conveyor.cli import app
 from conveyor.config import load_config
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.tasks.family import split_of
-from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
+from conveyor.tasks.swe.dataset import SweRow, load_rows, to_swebench, write_rows
 from conveyor.tasks.swe.grading import grade
 from conveyor.tasks.swe.patches import file_diff
 from conveyor.tasks.swe.swebench_spec import (
     parser_name,
+    read_statuses,
     row_test_command,
     uses_log_grading,
     verdict,
@@ -114,6 +115,15 @@ def test_factory_rows_export_as_records_the_official_package_accepts(tmp_path: P
     assert [r.FAIL_TO_PASS for r in again] == [r.FAIL_TO_PASS for r in rows]
     assert [r.env for r in again] == [r.env for r in rows]
     assert not uses_log_grading(again[0]) and uses_log_grading(again[1])
+    # swebench's pytest parser keys a test by its id up to the first space (as its datasets
+    # store such ids): the record carries that form, and ours whole beside it
+    spaced = "tests/test_calc.py::test_add[a b]"
+    row = rows[0].model_copy(update={"FAIL_TO_PASS": [spaced]})
+    record = to_swebench(row)
+    assert json.loads(record["FAIL_TO_PASS"]) == ["tests/test_calc.py::test_add[a"]
+    assert SweRow.model_validate(record).FAIL_TO_PASS == [spaced]
+    log = f">>>>> Start Test Output\nPASSED {spaced}\n>>>>> End Test Output\n"
+    assert read_statuses(row, log)[0][spaced] == "PASSED"
 
 
 def test_a_log_whose_exit_status_contradicts_it_is_refused() -> None:

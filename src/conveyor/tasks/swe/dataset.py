@@ -90,6 +90,15 @@ class SweRow(BaseModel):
         None, description="swebench 5: pass_and_fail (default) or fail_only."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _full_test_names(cls, data: Any) -> Any:
+        # An exported record (`to_swebench`) whose test names the harness shortens keeps ours.
+        if isinstance(data, dict) and isinstance(data.get("conveyor_tests"), dict):
+            data = {**data, **data["conveyor_tests"]}
+            data.pop("conveyor_tests")
+        return data
+
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
     def _decode_list(cls, value: Any) -> Any:

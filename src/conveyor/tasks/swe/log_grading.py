@@ -133,7 +133,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
         log, timed_out = await run_logged(row, workspace.path, options)
     finally:
         await run_in_pool("reward", workspace.remove)
-    statuses, valid = read_statuses(row, log)
+    statuses, valid = read_statuses(row, log, [n for c in found for n in (c.nodeid, c.real)])
     valid = valid and not timed_out
     run = _as_run(statuses)
     check = canaries.check(found, run, options.semantics)

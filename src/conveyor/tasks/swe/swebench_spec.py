@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import shlex
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,8 @@ EXIT_VAR = "SWEBENCH_TEST_EXIT_CODE"
 # our pytest outcome channel instead (see the module doc).
 PYTEST_PARSERS = frozenset({"parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
 DEFAULT_IMAGE = "conveyor/sweb.eval.{instance_id}"
+# The record field holding a row's full test names where the harness's differ (`harness_id`).
+FULL_TESTS = "conveyor_tests"
 _HEREDOC = "EOF_114329324912"
 # Our statuses (`test_run.TestOutcome.outcome`) as SWE-bench names them.
 STATUS_OF_OUTCOME = {
@@ -160,14 +163,21 @@ def swebench_record(row: SweRow, image: str | None = None) -> dict[str, Any]:
     """`row` as a SWE-bench-format record (what the HF datasets and swebench 5's task repos
     hold): the test lists as JSON strings, `environment_setup_commit`, `image`, `eval_script`,
     `log_parser`, `eval_type`; a `pypi:` row keeps its `environment` (how to build its tree and
-    venv) and names its release as `environment_setup_commit`. `image` is a template with
+    venv) and names its release as `environment_setup_commit`. Test names go in as the
+    harness's parser keys them (`harness_id`); where that differs, the full names go in
+    `conveyor_tests` too, and `SweRow` takes them back from there. `image` is a template with
     `{instance_id}` (default: the row's own image name, else `DEFAULT_IMAGE`)."""
     record = row.model_dump(mode="json", exclude_none=True, by_alias=False)
     record.pop("image_name", None)
     template = image or row.image_name or DEFAULT_IMAGE
+    f2p = [harness_id(row, t) for t in row.FAIL_TO_PASS]
+    p2p = [harness_id(row, t) for t in row.PASS_TO_PASS]
+    if (f2p, p2p) != (row.FAIL_TO_PASS, row.PASS_TO_PASS):
+        # The harness knows these tests by their names up to a space; ours keep them whole.
+        record[FULL_TESTS] = {"FAIL_TO_PASS": row.FAIL_TO_PASS, "PASS_TO_PASS": row.PASS_TO_PASS}
     record.update(
-        FAIL_TO_PASS=json.dumps(row.FAIL_TO_PASS),
-        PASS_TO_PASS=json.dumps(row.PASS_TO_PASS),
+        FAIL_TO_PASS=json.dumps(f2p),
+        PASS_TO_PASS=json.dumps(p2p),
         environment_setup_commit=row.environment_setup_commit or row.base_commit or row.version,
         image=template.format(instance_id=row.instance_id.lower()),
         eval_script=eval_script(row),
@@ -223,15 +233,30 @@ def _spec(row: SweRow) -> Any:
     )
 
 
-def read_statuses(row: SweRow, log: str) -> tuple[dict[str, str], bool]:
+def harness_id(row: SweRow, test: str) -> str:
+    """`test` as swebench's parser keys it: pytest's parsers split each summary line on
+    whitespace, so a node id with a space (`test_x[a b]`) is known by its text up to the first
+    space, as SWE-bench's datasets store such ids; other parsers key the whole name."""
+    if parser_name(row) in PYTEST_PARSERS and test.split():
+        return test.split()[0]
+    return test
+
+
+def read_statuses(row: SweRow, log: str, also: Sequence[str] = ()) -> tuple[dict[str, str], bool]:
     """(test -> SWE-bench status, whether the log is a valid run) as swebench's harness reads
-    `log` (a run of `wrap_command`): `get_logs_eval` with the row's parser."""
+    `log` (a run of `wrap_command`): `get_logs_eval` with the row's parser. The row's F2P/P2P
+    tests and `also` (canaries) are keyed by their full names (`harness_id` reads them)."""
     grading = _swebench()
     with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as handle:
         handle.write(log)
         handle.flush()
         statuses, found = grading.get_logs_eval(_spec(row), handle.name)
-    return dict(statuses), bool(found)
+    statuses = dict(statuses)
+    for test in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *also]:
+        key = harness_id(row, test)
+        if key != test and key in statuses:
+            statuses[test] = statuses[key]
+    return statuses, bool(found)
 
 
 def decide(row: SweRow, statuses: dict[str, str], valid: bool) -> LogVerdict:
