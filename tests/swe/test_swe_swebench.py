@@ -186,13 +186,15 @@ def test_eval_writes_predictions_the_official_loader_reads(tmp_path: Path, model
     name = next(
         f"tinycalc__pred{i}" for i in range(100) if split_of(f"tinycalc__pred{i}") == "eval"
     )
-    write_rows(tmp_path / "rows.jsonl", [tiny_row(name)])
+    rows = tmp_path / "rows.jsonl"
+    write_rows(rows, [tiny_row(name)])
     resolved = load_config(
         None,
         [
             "engine.kind=simulated",
             "tasks.families=[swe]",
-            f"tasks.options={{swe: {{rows: [{tmp_path / 'rows.jsonl'}]}}}}",
+            # canaries 0: no gold validation run; the predictions are what this test reads
+            f"tasks.options={{swe: {{rows: [{rows}], grading: {{canaries: 0}}}}}}",
             "tasks.num_tasks=1",
             "tasks.group_size=1",
             "runtime.kind=bubblewrap",

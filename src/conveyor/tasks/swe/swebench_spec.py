@@ -74,7 +74,11 @@ def _swebench() -> Any:
 
 
 def parser_name(row: SweRow) -> str:
-    """The name (a key of swebench's `PARSER_REGISTRY`) of the row's log parser."""
+    """The name (a key of swebench's `PARSER_REGISTRY`) of the row's log parser. Our `pypi:`
+    pytest rows are answered without importing swebench (its harness imports datasets, docker
+    and modal: seconds), so their grading never pays for it."""
+    if row.project is not None and (row.log_parser or "parse_log_pytest") in PYTEST_PARSERS:
+        return row.log_parser or "parse_log_pytest"
     _swebench()
     from swebench.harness.log_parsers import PARSER_REGISTRY
     from swebench.harness.log_parsers.python import MAP_REPO_TO_PARSER_PY
