@@ -214,3 +214,16 @@ def test_eval_writes_predictions_the_official_loader_reads(tmp_path: Path, model
     assert isinstance(predictions[0]["model_patch"], str)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["swebench_predictions"] == {"written": 1, "ungraded": 0}
+
+
+@needs_sandbox
+def test_a_log_graded_row_fails_closed_without_its_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log path runs the policy's code only in the grader's sandbox: when bubblewrap cannot
+    start, the grade is an infrastructure error (`RuntimeFailure`), never an unsandboxed run."""
+    from conveyor.runtime.base import RuntimeFailure
+    from conveyor.tasks.swe import grading
+
+    monkeypatch.setattr(grading, "bubblewrap_available", lambda: (False, "probe failed (test)"))
+    row = django_row()
+    with pytest.raises(RuntimeFailure, match="grading never runs unsandboxed"):
+        asyncio.run(grade(row, row.patch))
