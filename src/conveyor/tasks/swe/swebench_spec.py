@@ -11,7 +11,8 @@ end markers with the named parser (`swebench.harness.log_parsers.PARSER_REGISTRY
   name the package does not have.
 - `row_test_command(row)`: the lines of the row's `eval_script` between the start and end markers
   (SWE-bench's test command with its test directives); for a row without one (our factory's),
-  `python -m pytest -rA` over the files of its F2P/P2P node ids, with the row's pytest flags.
+  `python -m pytest -rA --continue-on-collection-errors` over the files of its F2P/P2P node
+  ids, with the row's pytest flags.
 - `eval_script(row)`: the harness script of a row without one (apply the test patch at
   `/testbed`, run `row_test_command` between the markers), so a factory row becomes an ordinary
   SWE-bench row (`swebench_record`).
@@ -139,6 +140,10 @@ def row_test_command(row: SweRow) -> str:
         "-rA",
         "-p",
         "no:cacheprovider",
+        # as our grader runs them: a module that fails to collect (markdown's `filterwarnings
+        # = error` turns a collection warning into an error) would otherwise interrupt the
+        # whole run, and every test of the row would be missing
+        "--continue-on-collection-errors",
         *row_test_files(row),
     ]
     return shlex.join(words)
