@@ -183,7 +183,12 @@ def test_swebench_parity_check_agrees_on_a_pytest_row(tmp_path: Path) -> None:
 
 
 @needs_sandbox
-def test_eval_writes_predictions_the_official_loader_reads(tmp_path: Path, model_dir: Path) -> None:
+def test_eval_writes_predictions_the_official_loader_reads(
+    tmp_path: Path, model_dir: Path, tokenizer: object
+) -> None:
+    """`conveyor eval` (in process, simulated engine) of one swe task. (`tokenizer`: the
+    suite's session fixture; the run loads the same tokenizer, whose transformers import is
+    then paid once per test worker, not here.)"""
     from conveyor.app.evaluate import run_eval
 
     name = next(
