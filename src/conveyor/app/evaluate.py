@@ -2,7 +2,10 @@
 
 The run folder holds `config.yaml` (the resolved config), `trajectories.jsonl` (one line per
 rollout, appended and flushed as each finishes, so a crash loses nothing already done) and
-`summary.json` (pass@1, pass@k, statuses, turns, tokens, stage times, wall time).
+`summary.json` (pass@1, pass@k, statuses, turns, tokens, stage times, wall time). A run with
+SWE tasks also writes `predictions.jsonl` in the official SWE-bench harness's format
+(`instance_id`, `model_name_or_path`, `model_patch`: each instance's first graded sample), for
+`python -m swebench.harness.run_evaluation --predictions_path`.
 
 With a benchmark plan (`conveyor eval --benchmark NAME`, `conveyor.app.benchmarks`) the tasks are
 the benchmark's whole set, and `benchmark.json` holds its report (the leaderboard's metric, whether
@@ -103,6 +106,9 @@ async def run_eval(
     if isinstance(client, RoutedEngine):
         # requests, sessions and moved sessions per replica: where the load went
         summary["engine_replicas"] = client.routing_summary()
+    predictions = write_predictions_file(run_dir, results, model_dir.name)
+    if predictions is not None:
+        summary["swebench_predictions"] = predictions
     if plan is not None:
         sampling = config.sampling.model_dump(mode="json")
         _benchmark_report(run_dir, summary, plan, results, tasks, "model", sampling)
@@ -110,6 +116,35 @@ async def run_eval(
     return run_dir
 
 
+def write_predictions_file(
+    run_dir: Path, results: list[Trajectory], model: str
+) -> dict[str, int] | None:
+    """`run_dir/predictions.jsonl` from the SWE grade records of `results` (one per instance:
+    its lowest sample index that was graded); None (no file) when no rollout carries one.
+    Returns `{"written", "ungraded"}`: instances whose every sample ended without a grade (an
+    infrastructure error, a broken task) are counted, not written."""
+    from conveyor.tasks.swe.dataset import prediction, write_predictions
+    from conveyor.tasks.swe.family import PREDICTION_RECORD
+
+    found: dict[str, tuple[int, dict[str, str]]] = {}
+    swe_tasks: set[str] = set()
+    for trajectory in results:
+        for message in trajectory.messages:
+            if message.get("name") == PREDICTION_RECORD and message.get("_meta"):
+                swe_tasks.add(trajectory.task_id)
+                instance = str(message["instance_id"])
+                record = prediction(instance, str(message.get("content") or ""), model)
+                if instance not in found or trajectory.sample_index < found[instance][0]:
+                    found[instance] = (trajectory.sample_index, record)
+    if not found:
+        return None
+    ordered = [found[key][1] for key in sorted(found)]
+    written = write_predictions(run_dir / "predictions.jsonl", ordered)
+    swe_ids = {t.task_id for t in results if t.task_id.startswith("swe-")}
+    return {"written": written, "ungraded": len(swe_ids - swe_tasks)}
+
+
+def eval_main(resolved: ResolvedConfig) -> Path:
 async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, policy: str) -> Path:
     """One rollout per task with the scripted `policy` through the real loop, tools and grader
     (`conveyor.app.families.scripted_rollouts`), budgets widened as `conveyor tasks check` does

@@ -251,3 +251,56 @@ def grading_options(
         values[key.strip().removeprefix(f"{GRADING_KEY}.")] = yaml.safe_load(raw)
     values.update({key: value for key, value in flags.items() if value is not None})
     return family_options("swe.grading", GradingOptions, values)
+
+
+@tasks_app.command("export")
+def export_command(
+    tasks: Annotated[Path, typer.Option(help="JSONL (or parquet) file of task rows.")],
+    out: Annotated[Path, typer.Option(help="JSONL file to write the SWE-bench records to.")],
+    image: Annotated[
+        str | None,
+        typer.Option(
+            help="Image name template with {instance_id} (default: a row's own image name, "
+            "else conveyor/sweb.eval.{instance_id})."
+        ),
+    ] = None,
+) -> None:
+    """Write rows (ours or SWE-bench's) as SWE-bench-format records: FAIL_TO_PASS/PASS_TO_PASS
+    as JSON strings, environment_setup_commit, image, and swebench 5's eval_script, log_parser
+    and eval_type; they load back as the same rows (exit 2 on a bad row or file)."""
+    from conveyor.tasks.swe.dataset import load_rows, to_swebench
+
+    try:
+        records = [to_swebench(row, image) for row in load_rows(tasks)]
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        _fail(str(exc))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    typer.echo(f"wrote {len(records)} SWE-bench records to {out}")
+
+
+@tasks_app.command("swebench-parity")
+def parity_command(
+    tasks: Annotated[Path, typer.Option(help="JSONL file of factory (pypi:) pytest rows.")],
+    limit: Annotated[int, typer.Option(help="Rows to check at most (file order).")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Last line: the JSON report.")] = False,
+) -> None:
+    """Grade each row's gold and empty patch twice, with our pytest outcome channel and with
+    swebench's log parser over a `pytest -rA` run of the same tests, and compare the verdicts:
+    resolved and each F2P/P2P test's status. Exit 0 when they agree everywhere, 1 otherwise."""
+    from conveyor.tasks.swe.dataset import load_rows
+    from conveyor.tasks.swe.parity import parity_report
+
+    try:
+        rows = load_rows(tasks)[:limit]
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    report = asyncio.run(parity_report(rows, say=typer.echo))
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        typer.echo(
+            f"{report['agree']}/{report['cases']} cases agree (resolved and per test); "
+            f"ours resolved {report['ours_resolved']}, swebench's {report['theirs_resolved']}"
+        )
+    raise typer.Exit(code=0 if report["ok"] else 1)

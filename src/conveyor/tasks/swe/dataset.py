@@ -2,23 +2,35 @@
 
 Our factory writes rows whose `repo` is `pypi:NAME` and whose `version` is the base release, with
 `environment` = {`pythonpath`, `test_cmd`, `extra_test_deps`, `setup_patch`} (see docs/swe.md).
-Rows of SWE-bench, SWE-Gym, R2E-Gym and SWE-smith load too (extra fields are kept in
-`extra`); they need those projects' docker images to run. `FAIL_TO_PASS`/`PASS_TO_PASS` may be
-lists or JSON-encoded lists, as SWE-bench ships them.
+Rows of SWE-bench, SWE-Gym, R2E-Gym and SWE-smith load too: `repo` is `owner/name` and
+`base_commit` names the commit the task starts from; `environment_setup_commit`, the image
+(`image_name`, or `image` as the `swebench` 5 task repos write it) and the harness's
+`eval_script`, `log_parser` and `eval_type` are kept when given (other fields in `extra`).
+`FAIL_TO_PASS`/`PASS_TO_PASS` may be lists or JSON-encoded lists, as the HF datasets ship them.
+A row that is not one of these fails to load with a `ValueError` naming the field.
+
+`to_swebench(row)` writes any row (ours included) as a SWE-bench-format record (the test lists
+as JSON strings, an `eval_script` and `log_parser` for the official harness:
+`swebench_spec.swebench_record`), so both kinds go through one format.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from conveyor.tasks.swe.test_command import parse_test_command
 
 PYPI_PREFIX = "pypi:"
+# `owner/name` as GitHub spells it (SWE-bench's `repo`).
+_GIT_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$")
+_PYPI_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+EVAL_TYPES = ("pass_and_fail", "fail_only")
 
 
 class RowEnvironment(BaseModel):
@@ -30,7 +42,7 @@ class RowEnvironment(BaseModel):
     test_cmd: str = Field(
         "python -m pytest",
         description="How pytest runs: 'python [-m wrapper ...] -m pytest [flags]'; only "
-        "flags that change what pytest prints or switch a plugin off (`test_command`).",
+        "flags that change what pytest prints or switch a plugin off (`row_test_command`).",
     )
     extra_test_deps: list[str] = Field(default_factory=list, description="pip requirements.")
     setup_patch: str = Field("", description="Diff from the sdist to the task's starting state.")
@@ -57,15 +69,76 @@ class SweRow(BaseModel):
     FAIL_TO_PASS: list[str] = Field(default_factory=list)
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     environment: RowEnvironment | None = None
+    environment_setup_commit: str | None = Field(
+        None, description="SWE-bench: the commit the row's environment (image) was built at."
+    )
+    image_name: str | None = Field(
+        None,
+        validation_alias=AliasChoices("image_name", "image"),
+        description="The row's container image (SWE-Gym/SWE-smith `image_name`, swebench 5 "
+        "`image`).",
+    )
+    eval_script: str | None = Field(
+        None,
+        description="swebench 5: the harness's bash script; its lines between the start and "
+        "end markers are the test command (`swebench_spec.row_test_command`).",
+    )
+    log_parser: str | None = Field(
+        None, description="swebench 5: the name of the harness's log parser for this row."
+    )
+    eval_type: str | None = Field(
+        None, description="swebench 5: pass_and_fail (default) or fail_only."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _full_test_names(cls, data: Any) -> Any:
+        # An exported record (`to_swebench`) whose test names the harness shortens keeps ours.
+        if isinstance(data, dict) and isinstance(data.get("conveyor_tests"), dict):
+            data = {**data, **data["conveyor_tests"]}
+            data.pop("conveyor_tests")
+        return data
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
     def _decode_list(cls, value: Any) -> Any:
         if isinstance(value, str):
-            value = json.loads(value) if value.strip() else []
+            try:
+                value = json.loads(value) if value.strip() else []
+            except ValueError as exc:
+                raise ValueError(f"not a JSON list of test names ({exc})") from None
         if hasattr(value, "tolist"):
             value = value.tolist()
         return value
+
+    @model_validator(mode="after")
+    def _a_task_row(self) -> SweRow:
+        if not self.instance_id.strip():
+            raise ValueError("instance_id is empty")
+        project = self.project
+        if project is not None:
+            if not _PYPI_NAME.match(project):
+                raise ValueError(f"repo {self.repo!r}: 'pypi:' needs a PyPI project name")
+            if not self.version:
+                raise ValueError(f"repo {self.repo!r}: a pypi: row needs its release (version)")
+        else:
+            if not _GIT_REPO.match(self.repo):
+                raise ValueError(
+                    f"repo {self.repo!r}: expected 'owner/name' (a SWE-bench row) or "
+                    "'pypi:NAME' (a factory row)"
+                )
+            if not self.base_commit:
+                raise ValueError(f"repo {self.repo!r}: a SWE-bench row needs its base_commit")
+            if self.environment is not None:
+                raise ValueError("environment is for pypi: rows only (a git row has its image)")
+        if not self.FAIL_TO_PASS:
+            raise ValueError("FAIL_TO_PASS is empty: nothing would tell a fix from no fix")
+        both = set(self.FAIL_TO_PASS) & set(self.PASS_TO_PASS)
+        if both:
+            raise ValueError(f"tests in both FAIL_TO_PASS and PASS_TO_PASS: {sorted(both)[:3]}")
+        if self.eval_type is not None and self.eval_type not in EVAL_TYPES:
+            raise ValueError(f"eval_type {self.eval_type!r}: expected one of {EVAL_TYPES}")
+        return self
 
     @field_validator("environment", mode="before")
     @classmethod
@@ -90,6 +163,13 @@ class SweRow(BaseModel):
     def to_json(self) -> str:
         """One JSONL line."""
         return json.dumps(self.model_dump(mode="json", exclude_none=True))
+
+
+def to_swebench(row: SweRow, image: str | None = None) -> dict[str, Any]:
+    """`row` as a SWE-bench-format record (`swebench_spec.swebench_record`)."""
+    from conveyor.tasks.swe.swebench_spec import swebench_record
+
+    return swebench_record(row, image)
 
 
 def load_rows(path: Path | str) -> list[SweRow]:

@@ -133,6 +133,9 @@ async def swe_search_code(query: str, kind: str = "auto", *, ctx: ToolContext) -
     return str(await search_code.invoke({"query": query, "kind": kind}, ctx))
 
 
+# The name of the grade record that carries the graded patch (`app.evaluate` reads it).
+PREDICTION_RECORD = "swebench_prediction"
+
 # Workspace copy, patch application and sandbox start around the graded test run (seconds).
 GRADING_SETUP_S = 60.0
 
@@ -294,7 +297,17 @@ class SweFamily:
         return Grade(
             reward=report.reward,
             breakdown={"resolved": float(report.resolved), "tampered": float(report.tampered)},
-            records=[{"role": "grader", "content": content}],
+            records=[
+                # The graded patch, for `conveyor eval`'s SWE-bench `predictions.jsonl`; the
+                # verdict stays the last record.
+                {
+                    "role": "grader",
+                    "name": PREDICTION_RECORD,
+                    "instance_id": row.instance_id,
+                    "content": report.model_patch or "",
+                },
+                {"role": "grader", "content": content},
+            ],
         )
 
     def oracle_calls(self, task: Task) -> list[ToolCall]:

@@ -123,6 +123,14 @@ class GradeReport(BaseModel):
     )
     canaries: int = Field(0, description="Canary tests that ran.")
     error: str | None = None
+    outcomes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each F2P and P2P test's outcome (passed, failed, error, skipped, xfailed, "
+        "xpassed, missing); empty when the patch did not apply.",
+    )
+    model_patch: str | None = Field(
+        None, description="The graded patch, when graded from a rollout's workspace."
+    )
 
     def summary(self) -> dict[str, Any]:
         """`{"instance_id","resolved","tampered","f2p_passed","f2p_total","p2p_passed",
@@ -405,8 +413,9 @@ def row_template(row: SweRow) -> Path:
     project = row.project
     if project is None:
         raise ValueError(
-            f"{row.instance_id}: repo {row.repo!r} is not a pypi: project; SWE-bench-style rows "
-            "of git repositories need their docker images (DockerRuntime)"
+            f"{row.instance_id}: repo {row.repo!r} is not a pypi: project; SWE-bench rows of git "
+            "repositories run in their images (the repository at /testbed): the host grader has "
+            "no checkout of them"
         )
     return task_template(project, row.version, row.env.setup_patch, row.instance_id)
 
@@ -463,6 +472,12 @@ def _check_test_patch(row: SweRow, template: Path) -> None:
 async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) -> GradeReport:
     """Grade `patch` (a diff against the row's starting state) from scratch; see module doc."""
     options = options or GradingOptions()
+    from conveyor.tasks.swe.swebench_spec import uses_log_grading
+
+    if uses_log_grading(row):
+        from conveyor.tasks.swe.log_grading import grade_log
+
+        return await grade_log(row, patch, options)
     start = time.monotonic()
     template = await run_in_pool("reward", row_template, row)
     env = await run_in_pool("reward", row_environment, row, options)
@@ -536,6 +551,7 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         or any(v.startswith("tampering") for v in run.violations),
         canaries=verdict.ran,
         error=error,
+        outcomes={t: run.outcome(t).outcome for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]},
     )
 
 
@@ -573,4 +589,5 @@ async def grade_runtime(
     diff = await run_in_pool("reward", workspace_diff, row, workspace)
     report = await grade(row, diff.patch, options)
     report.dropped_paths = {**diff.refused, **report.dropped_paths}
+    report.model_patch = diff.patch
     return report

@@ -1,0 +1,183 @@
+"""Grading from a test log with SWE-bench's own parser: rows whose tests do not run under our
+pytest outcome channel (Django's `runtests.py`, sympy's `bin/test`, any `log_parser` that is not
+pytest's), and the parity check's second grader for pytest rows.
+
+`grade_log(row, patch)` keeps the steps and defences of `grading.grade` up to the test run: a
+fresh workspace of the starting state, the whole patch with `git apply`, protected and untrusted
+changes reverted from the tree (`guards.restore_protected`), the hidden test patch (one that does
+not apply to the starting state is a `TaskDefect`), tests in the bubblewrap sandbox (no network,
+the test venv read-only; a sandbox that cannot start is a `RuntimeFailure`, never an
+unsandboxed run). Then it runs the row's test command (`swebench_spec.row_test_command`) between the
+harness's markers, its exit status recorded after them, and hands the log to swebench's
+`get_logs_eval` (which refuses a log without its markers, and one whose command exited non-zero
+while reporting no failure: a patch printing its own "PASSED" lines) and its report functions.
+A pytest-parsed row also gets its canaries (inserted into its test modules, so they run with
+the test files; one that passed is tampering), as in `grading`. Parsers of other runners have
+no canaries: their defences are the tree guard, the sandbox and the exit-status cross-check.
+
+Under the `strict` semantics a test counts only with status PASSED (SWE-bench also counts XFAIL
+for F2P and SKIPPED for P2P: the `swebench` semantics take its verdict as it is).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Any
+
+from conveyor.runtime.cpu_pools import run_in_pool
+from conveyor.runtime.limits import SandboxLimits
+from conveyor.runtime.selection import started
+from conveyor.runtime.workspace import make_workspace
+from conveyor.tasks.swe import canaries, guards
+from conveyor.tasks.swe.dataset import SweRow
+from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.options import GradingOptions
+from conveyor.tasks.swe.patches import PatchError, apply_patch
+from conveyor.tasks.swe.swebench_spec import (
+    OUTCOME_OF_STATUS,
+    PYTEST_PARSERS,
+    STATUS_OF_OUTCOME,
+    LogVerdict,
+    decide,
+    parser_name,
+    read_statuses,
+    row_test_command,
+    wrap_command,
+)
+from conveyor.tasks.swe.test_run import TestOutcome, TestRun
+
+_LOG_TAIL = 4000
+
+
+async def run_logged(row: SweRow, workspace: Any, options: GradingOptions) -> tuple[str, bool]:
+    """(the log, whether the run timed out) of the row's test command over `workspace` (a
+    host folder) in the grading sandbox, with the row's test venv and importable project."""
+    from conveyor.tasks.swe.grading import (
+        make_test_runtime,
+        row_environment,
+        row_metadata,
+        test_env_vars,
+    )
+
+    env = await run_in_pool("reward", row_environment, row)
+    metadata = await run_in_pool("reward", row_metadata, row)
+    mounts = [metadata] if metadata is not None else []
+    limits = SandboxLimits(memory_bytes=options.memory_bytes)
+    runtime = make_test_runtime(workspace, env, options.runtime, limits, mounts)
+    runtime.extra_env.update(test_env_vars(env, str(runtime.root), row.env.pythonpath, metadata))
+    script = wrap_command(row_test_command(row))
+    await started(runtime)
+    try:
+        result = await runtime.exec(f"bash -c {shlex.quote(script)} 2>&1", options.run_timeout_s)
+    finally:
+        await runtime.close()
+    return result.stdout + result.stderr, result.timed_out
+
+
+def _as_run(statuses: dict[str, str]) -> TestRun:
+    outcomes = {
+        test: TestOutcome(test, OUTCOME_OF_STATUS.get(status, "error"))
+        for test, status in statuses.items()
+    }
+    return TestRun(outcomes=outcomes)
+
+
+async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = None) -> Any:
+    """Grade `patch` for `row` from its test log (see the module doc); a `GradeReport`."""
+    from conveyor.tasks.swe.grading import (
+        GradeReport,
+        _check_test_patch,
+        row_environment,
+        row_template,
+        task_protection_rules,
+    )
+
+    options = options or GradingOptions()
+    start = time.monotonic()
+    pytest_ids = parser_name(row) in PYTEST_PARSERS
+    row_test_command(row)  # a row without a test command is refused before any work
+    template = await run_in_pool("reward", row_template, row)
+    env = await run_in_pool("reward", row_environment, row)
+    rules = await run_in_pool("reward", task_protection_rules, row, template, env)
+    base: dict[str, Any] = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
+    base |= dict(p2p_total=len(row.PASS_TO_PASS), f2p_passed=0, p2p_passed=0)
+    workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
+    try:
+        try:
+            await run_in_pool("reward", apply_patch, workspace.path, patch)
+        except PatchError as exc:
+            seconds = time.monotonic() - start
+            return GradeReport(
+                **base,
+                resolved=False,
+                seconds=seconds,
+                patch_applied=False,
+                error=f"patch did not apply: {exc}",
+            )
+        base["dropped_paths"] = await run_in_pool(
+            "reward", guards.restore_protected, workspace.path, template, rules
+        )
+        try:
+            await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
+        except PatchError:
+            await run_in_pool("reward", _check_test_patch, row, template)
+            return GradeReport(
+                **base,
+                resolved=False,
+                seconds=time.monotonic() - start,
+                error="the hidden test patch does not apply over this patch",
+            )
+        found = await canaries.row_canaries(row, options) if pytest_ids else []
+        found = await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
+        log, timed_out = await run_logged(row, workspace.path, options)
+    finally:
+        await run_in_pool("reward", workspace.remove)
+    statuses, valid = read_statuses(row, log, [n for c in found for n in (c.nodeid, c.real)])
+    valid = valid and not timed_out
+    run = _as_run(statuses)
+    check = canaries.check(found, run, options.semantics)
+    listed = canaries.as_listed(run, found)
+    statuses = {t: STATUS_OF_OUTCOME[o.outcome] for t, o in listed.outcomes.items()}
+    result: LogVerdict = decide(row, statuses, valid)
+    resolved = result.resolved
+    if options.semantics == "strict":
+        resolved = resolved and all(
+            statuses.get(t) == "PASSED" for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
+        )
+    error = None
+    if timed_out:
+        error = "test run timed out"
+    elif not valid:
+        error = (
+            "no valid test log (swebench's get_logs_eval refused it: markers missing, a "
+            "failure code, or a non-zero exit status while the log reports no failure)"
+        )
+    tripped = [f"tampering: canary {n} passed (it must fail)" for n in check.tampered]
+    if not check.holds:
+        resolved = False
+        error = error or (tripped or [f"canary did not fail: {check.did_not_fail[0]}"])[0]
+    tests = [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
+    outcomes = {t: OUTCOME_OF_STATUS.get(statuses.get(t, ""), "missing") for t in tests}
+    if options.semantics == "strict":
+        f2p = sum(outcomes[t] == "passed" for t in row.FAIL_TO_PASS)
+        p2p = sum(outcomes[t] == "passed" for t in row.PASS_TO_PASS)
+    else:
+        f2p, p2p = len(result.f2p_passed), len(result.p2p_passed)
+    reward = 1.0 if resolved else 0.0
+    full_p2p = p2p == len(row.PASS_TO_PASS) and valid and check.holds
+    if options.partial_credit and not resolved and full_p2p:
+        reward = f2p / len(row.FAIL_TO_PASS)
+    base.update(f2p_passed=f2p, p2p_passed=p2p)
+    return GradeReport(
+        **base,
+        resolved=resolved,
+        seconds=time.monotonic() - start,
+        reward=reward,
+        failing=[t for t in tests if outcomes[t] != "passed"][:50],
+        violations=tripped,
+        tampered=bool(tripped),
+        canaries=check.ran,
+        error=error,
+        outcomes=outcomes,
+    )
