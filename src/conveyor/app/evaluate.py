@@ -144,7 +144,6 @@ def write_predictions_file(
     return {"written": written, "ungraded": len(swe_ids - swe_tasks)}
 
 
-def eval_main(resolved: ResolvedConfig) -> Path:
 async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, policy: str) -> Path:
     """One rollout per task with the scripted `policy` through the real loop, tools and grader
     (`conveyor.app.families.scripted_rollouts`), budgets widened as `conveyor tasks check` does
@@ -177,6 +176,9 @@ async def _scripted_eval(config: ConveyorConfig, plan: benchmarks.Plan | None, p
     summary = summarize(results, tasks, 1)
     summary["wall_s"] = time.monotonic() - started
     summary["policy"] = policy
+    predictions = write_predictions_file(run_dir, results, f"conveyor-{policy}")
+    if predictions is not None:
+        summary["swebench_predictions"] = predictions
     if plan is not None:
         _benchmark_report(run_dir, summary, plan, results, tasks, policy, {})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
