@@ -137,6 +137,10 @@ def test_tasks_check_runs_the_oracle_and_the_empty_policy_through_the_loop(
         "empty_mean": 0.0,
         "problems": [],
         "ok": True,
+        "by_category": {},
+        "dropped": [],
+        "infra_errors": [],
+        "oracle_fits_budget": 3,  # the shipped budget fits the oracle on all 3
     }
     unknown = conveyor("tasks", "check", "filenavv")
     assert unknown.returncode == 2 and "did you mean 'filenav'" in unknown.stderr
