@@ -167,7 +167,9 @@ class VLLMServerEngine(OpenAICompatibleClient):
         except httpx.HTTPError as exc:
             raise EngineError(f"{url} ({method}): {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
-            raise EngineError(f"{url} ({method}): HTTP {response.status_code}: {response.text[:300]}")
+            raise EngineError(
+                f"{url} ({method}): HTTP {response.status_code}: {response.text[:300]}"
+            )
         results = response.json().get("results") if response.content else None
         return list(results) if isinstance(results, list) else []
 
@@ -193,9 +195,7 @@ class VLLMServerEngine(OpenAICompatibleClient):
         try:
             _, joined = await asyncio.gather(
                 asyncio.to_thread(self._sender.connect),
-                self._rpc(
-                    "conveyor_join_weight_group", {"spec": spec.to_json()}, spec.timeout_s
-                ),
+                self._rpc("conveyor_join_weight_group", {"spec": spec.to_json()}, spec.timeout_s),
             )
         except BaseException:
             self._sender.close()

@@ -245,7 +245,10 @@ class WeightSender:
         tensors = dict(named)
         for bucket in plan:
             flat = torch.cat(
-                [tensors[name].detach().to(device=device, dtype=target).reshape(-1) for name, _ in bucket]
+                [
+                    tensors[name].detach().to(device=device, dtype=target).reshape(-1)
+                    for name, _ in bucket
+                ]
             )
             broadcast(self._group, flat)
 
@@ -261,9 +264,9 @@ class WeightSender:
         self.spec = None
 
 
-def receive_plan(group: ProcessGroup, plan: BucketPlan, dtype: str, device: Any) -> Iterator[
-    tuple[str, Tensor]
-]:
+def receive_plan(
+    group: ProcessGroup, plan: BucketPlan, dtype: str, device: Any
+) -> Iterator[tuple[str, Tensor]]:
     """Receive `plan`'s buckets from rank 0 and yield each tensor (a view of its bucket)."""
     import torch
 
