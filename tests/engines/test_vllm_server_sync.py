@@ -137,3 +137,35 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
     assert sorted(p.name for p in weights.iterdir()) == ["v1", "v2"]
     assert (weights / "v2" / "config.json").is_file()
     assert server.prefix_resets_refused == 0
+
+
+@pytest.mark.slow
+def test_bench_sync_reports_both_paths_on_the_running_server(
+    dev_server: str, model_dir: Path
+) -> None:
+    """`conveyor bench sync --json` against the module's server (no second server start): both
+    paths measured in one run, each sync fingerprint-checked."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from conveyor.bench.sync_cli import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def bench() -> None:
+        """The bench sub-app stand-in (keeps `sync` a named subcommand)."""
+
+    register(app)
+    args = ["sync", "--model", str(model_dir), "--base-url", dev_server, "--rounds", "1", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    # the report is stdout's last line (progress bars of the loaders go to stderr)
+    lines = result.stdout.strip().splitlines()
+    assert lines, result.output[-2000:]
+    report = json.loads(lines[-1][lines[-1].index("{") :])
+    assert report["collective_s"] > 0 and report["safetensors_s"] > 0
+    assert len(report["collective_all_s"]) == len(report["safetensors_all_s"]) == 1
+    assert report["tensors"] > 100

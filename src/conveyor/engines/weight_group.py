@@ -100,6 +100,20 @@ def plan_buckets(
     return plan
 
 
+def distinct(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    """`named` less every tensor that is a second name of an earlier one's storage (a tied
+    `lm_head.weight`): vLLM loads tied weights from the first name, so the bytes go once."""
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    out: list[tuple[str, Tensor]] = []
+    for name, tensor in named:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+        if tensor.numel() and key in seen:
+            continue
+        seen.add(key)
+        out.append((name, tensor))
+    return out
+
+
 def _numel(shape: Sequence[int]) -> int:
     count = 1
     for dim in shape:
@@ -127,7 +141,7 @@ def open_group(
             if _is_loopback(spec.host)
             else ProcessGroupGloo.create_default_device()
         )
-        options = ProcessGroupGloo._Options()
+        options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._devices = [device]
         options._timeout = timeout
         backend: Any = ProcessGroupGloo(prefixed, rank, spec.world_size, options)
@@ -300,9 +314,9 @@ class WeightGroupExtension:
 
             torch.cuda.set_device(self.model_runner.device)
         rank = group_spec.rank_offset + _tp_rank()
-        group, _store = open_group(group_spec, rank)
-        self._conveyor_group = group
-        self._conveyor_store = _store
+        group, store = open_group(group_spec, rank)
+        self._conveyor_group: ProcessGroup | None = group
+        self._conveyor_store: Store | None = store
         return str(self.vllm_config.model_config.dtype).removeprefix("torch.")
 
     def conveyor_receive_weights(self, plan: str, dtype: str) -> int:
