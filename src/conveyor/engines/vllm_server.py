@@ -1,4 +1,4 @@
-"""A vLLM server that training can reach: weights go to disk, then the server reloads them.
+"""A vLLM server that training can reach: weights go by broadcast or to disk, then reload.
 
 `VLLMServerEngine` samples like `OpenAICompatibleClient` and is also a `WeightReceiver`:
 `update_weights` writes the trainer's tensors as safetensors (with the model's `config.json`)
@@ -14,6 +14,11 @@ these development endpoints there, and only with `VLLM_SERVER_DEV_MODE=1`. `relo
 re-runs the model's weight loading from that folder's `*.safetensors` in place, CPU GEMM
 re-packing included, so the folder must be readable by the server at the same path (same
 machine or a shared filesystem). Old versions are deleted, keeping the newest `keep_versions`.
+
+With `weight_sync` 'collective' (or 'auto' on a server started with the worker extension) the
+weights go by broadcast instead of a folder: the server's workers join a process group with
+this client at the first sync and receive every later update through it
+(`conveyor.engines.weight_group`; the file path stays the fallback).
 
 `weight_fingerprint` asks the server for the prompt logprobs of the probe sequence (temperature
 1, as served); the weights themselves are opaque over HTTP, so it has no digests.
