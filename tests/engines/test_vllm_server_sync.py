@@ -94,14 +94,15 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
     prompts = [_prompt(tokenizer, q) for q in QUESTIONS]
 
     async def both_paths(engine: Any, sync: Any, step: int) -> list[SampleResult]:
-        """Sync one version by safetensors, then by collectives: same fingerprint and greedy
-        answers (each sync checked against the trainer's fingerprint)."""
+        """Sync one version by collectives (first: from the previous version's weights, so a
+        broadcast that loads nothing fails its check), then by safetensors: same fingerprint
+        and greedy answers (each sync checked against the trainer's fingerprint)."""
         served = []
-        for path in ("safetensors", "collective"):
+        for path in ("collective", "safetensors"):
             engine.weight_sync = path
             await sync(step)  # raises unless the fingerprint matches the trainer's
             served.append((await engine.weight_fingerprint(probe), await _greedy(engine, prompts)))
-        (by_file, file_answers), (by_group, group_answers) = served
+        (by_group, group_answers), (by_file, file_answers) = served
         assert by_group == by_file  # digests (in-process) and probe logprobs, exactly
         assert [r.model_dump() for r in group_answers] == [r.model_dump() for r in file_answers]
         return group_answers
@@ -114,7 +115,7 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
                 backend.step(await _batch(server, prompts[step % len(prompts)]))
                 version = backend.policy_version
                 served = await both_paths(server, server_sync, step)
-                assert server.weight_sync_used == "collective"
+                assert server.weight_sync_used == "safetensors"
                 expected = await both_paths(local, local_sync, step)
                 for got, want in zip(served, expected, strict=True):
                     assert got.token_ids == want.token_ids

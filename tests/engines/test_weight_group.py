@@ -1,4 +1,4 @@
-"""The weight group's own pieces, without vLLM: bucket plans, tied-weight dedup, and a real gloo
+"""The weight group's own pieces, without vLLM: bucket plans and a real gloo
 group of two ranks (two threads of this process) moving tensors bit-exactly in buckets."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import torch
 from conveyor.engines.weight_group import (
     GroupSpec,
     WeightSender,
-    distinct,
     open_group,
     plan_buckets,
     receive_plan,
@@ -30,12 +29,6 @@ def test_buckets_respect_the_size_and_a_big_tensor_goes_alone() -> None:
     assert plan == [[("a", [10]), ("b", [10])], [("big", [100])], [("c", [5])]]
     with pytest.raises(ValueError, match="positive"):
         plan_buckets(named, 0, 4)
-
-
-def test_a_tied_second_name_is_sent_once() -> None:
-    embedding = torch.randn(4, 3)
-    named = [("embed", embedding), ("norm", torch.ones(3)), ("lm_head", embedding)]
-    assert [name for name, _ in distinct(named)] == ["embed", "norm"]
 
 
 def test_a_gloo_group_moves_bucketed_tensors_exactly_and_casts_to_the_engine_dtype() -> None:

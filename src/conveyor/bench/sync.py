@@ -104,14 +104,10 @@ def run_sync_bench(model_dir: Path, *, rounds: int, base_url: str | None) -> dic
             await engine.close()
 
     report = asyncio.run(go())
-    from conveyor.engines.weight_group import distinct
-
     tensors = list(backend.export_weights())
-    sent = distinct(tensors)  # the broadcast sends a tied lm_head once; the file holds both
     report.update(
         engine="vllm server (dev mode, worker extension)",
         weight_mb=round(sum(t.numel() * t.element_size() for _, t in tensors) / 2**20, 1),
-        collective_mb=round(sum(t.numel() * t.element_size() for _, t in sent) / 2**20, 1),
         tensors=len(tensors),
         wall_s=round(time.perf_counter() - start, 1),
     )

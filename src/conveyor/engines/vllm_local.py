@@ -60,7 +60,6 @@ from conveyor.engines.weight_group import (
     WORKER_EXTENSION,
     WeightSender,
     WeightSyncMode,
-    distinct,
 )
 from conveyor.types import StopReason
 
@@ -371,7 +370,7 @@ class VLLMEngine:
         """Broadcast `weights` into the workers (joining them to a weight group first, once);
         the engine thread receives while a worker thread sends."""
         start = time.perf_counter()
-        named = distinct(weights)  # views of the trainer's tensors, read before anything is sent
+        named = list(weights)  # views of the trainer's tensors; read before anything is sent
         if not named:
             raise EngineError("update_weights got no tensors")
         try:

@@ -47,7 +47,6 @@ from conveyor.engines.weight_group import (
     WORKER_EXTENSION,
     WeightSender,
     WeightSyncMode,
-    distinct,
     local_address_towards,
 )
 
@@ -211,7 +210,7 @@ class VLLMServerEngine(OpenAICompatibleClient):
 
     async def _broadcast(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Send one update through the open group while the server receives it."""
-        named = distinct(weights)
+        named = list(weights)
         if not named:
             raise EngineError("update_weights got no tensors")
         dtype = self._group_dtype

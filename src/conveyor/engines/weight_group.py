@@ -100,20 +100,6 @@ def plan_buckets(
     return plan
 
 
-def distinct(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
-    """`named` less every tensor that is a second name of an earlier one's storage (a tied
-    `lm_head.weight`): vLLM loads tied weights from the first name, so the bytes go once."""
-    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
-    out: list[tuple[str, Tensor]] = []
-    for name, tensor in named:
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        out.append((name, tensor))
-    return out
-
-
 def _numel(shape: Sequence[int]) -> int:
     count = 1
     for dim in shape:
