@@ -8,7 +8,9 @@ The engine is a dev-mode vLLM server with the weight-group extension: one this c
 unmeasured (the collective one opens its group there: `collective_first_s`), then `rounds`
 times each, alternating and with the order swapped every round, so drift in machine load hits
 both. Every measured sync is followed (outside the timing) by the fingerprint check that
-training runs: a sync that did not take fails the benchmark.
+training runs, which catches a wrong or half-loaded model; the weights are the same every
+time, so a sync that loads nothing is not told apart here (tests/engines/
+test_vllm_server_sync.py proves both paths load, version after version).
 
 The figures are `update_weights`' own: for safetensors, writing the folder, the server's reload
 and the prefix-cache reset; for collectives, the broadcast and the reload, and the same reset.
