@@ -39,10 +39,11 @@ def vllm_server(
     log: Path | None = None,
     max_num_seqs: int = 8,
     logprobs_mode: str = "processed_logprobs",
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """Start a vLLM server of `model_dir`, yield its base URL (`http://127.0.0.1:P/v1`) once
     `/v1/models` answers, and stop it after. `log` keeps its output (else discarded);
-    `logprobs_mode` "raw_logprobs" is vLLM's own default."""
+    `logprobs_mode` "raw_logprobs" is vLLM's own default; `extra_args` go on its command line."""
     port = free_port()
     env = {
         **os.environ,
@@ -73,6 +74,7 @@ def vllm_server(
         logprobs_mode,
         "--seed",
         "0",
+        *extra_args,
     ]
     sink = log.open("wb") if log is not None else subprocess.DEVNULL
     process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -567,3 +568,31 @@ def test_config_validation_builds_no_family(monkeypatch: pytest.MonkeyPatch) -> 
         )
     with pytest.raises(ConfigError, match=r"runtime\.kind \('local'\) cannot host"):
         load_config(None, [*families, "dispatch.reward_timeout_s=900.0", "runtime.kind=local"])
+
+
+def test_weight_sync_keys_reach_the_engines_and_the_replica_servers() -> None:
+    from conveyor.engines.factory import vllm_options
+    from conveyor.engines.vllm_replicas import server_command
+    from conveyor.engines.weight_group import WORKER_EXTENSION
+
+    assert load_config(None).config.engine.weight_sync == "auto"
+    config = load_config(
+        None, ["engine.weight_sync=collective", "engine.weight_bucket_mb=64"]
+    ).config
+    options = vllm_options(config)
+    assert (options["weight_sync"], options["weight_bucket_mb"]) == ("collective", 64)
+    common: dict[str, Any] = {
+        "max_num_seqs": 4,
+        "max_model_len": 512,
+        "dtype": "float32",
+        "seed": 0,
+        "gpu_memory_utilization": 0.5,
+        "extra_args": [],
+    }
+    # replica servers get the worker extension unless the fallback is asked for
+    assert WORKER_EXTENSION in server_command(Path("m"), 1, weight_sync="auto", **common)
+    assert WORKER_EXTENSION not in server_command(Path("m"), 1, weight_sync="safetensors", **common)
+    with pytest.raises(ConfigError, match=r"engine\.weight_sync"):
+        load_config(None, ["engine.weight_sync=nccl"])
+    with pytest.raises(ConfigError, match=r"engine\.weight_bucket_mb.*greater than 0"):
+        load_config(None, ["engine.weight_bucket_mb=0"])

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from conveyor.app.compose import Composition
-from conveyor.bench import search_cli, trainer_cli
+from conveyor.bench import search_cli, sync_cli, trainer_cli
 from conveyor.bench.cli import bench_app
 from conveyor.bridges.cli import bridge_app
 from conveyor.gateway.cli import register as register_gateway
@@ -28,6 +28,7 @@ config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 search_cli.register(bench_app)
+sync_cli.register(bench_app)
 trainer_cli.register(bench_app)
 app.add_typer(bench_app, name="bench")
 app.add_typer(tasks_app, name="tasks")

@@ -53,6 +53,9 @@ class FakeServer:
                     if "method" not in body:
                         self._send(400, {"error": {"message": "Missing 'method'"}})
                         return
+                    if body["method"] != "reload_weights":  # no weight-group extension here
+                        self._send(500, {"error": {"message": f"no method {body['method']}"}})
+                        return
                     folder = Path(body["kwargs"]["weights_path"])
                     owner.folders_at_reload.append(sorted(p.name for p in folder.iterdir()))
                     self._send(rpc_status, {"results": [None]})
@@ -187,7 +190,12 @@ def test_fake_server_weight_versions_are_written_reloaded_and_pruned(
         return versions
 
     assert _run(engine, go()) == [1, 2, 3, 3]
-    reloads = [body for path, body in fake_server.calls if path == "/collective_rpc"]
+    rpcs = [body for path, body in fake_server.calls if path == "/collective_rpc"]
+    # weight_sync 'auto': one probe for the weight-group extension, refused (this server has
+    # none), then the safetensors fallback for good
+    assert rpcs[0]["method"] == "conveyor_leave_weight_group"
+    assert engine.weight_sync == "safetensors" and engine.weight_sync_used == "safetensors"
+    reloads = rpcs[1:]
     assert [b["kwargs"]["weights_path"] for b in reloads] == [
         str(weights / f"v{n}") for n in (1, 2, 3)
     ]
@@ -217,6 +225,17 @@ def test_fake_server_failing_reload_is_an_engine_error_and_the_version_stays(
     assert engine.policy_version == 0 and engine.retry_counts == {"500": 1}
 
 
+def test_fake_server_without_the_extension_is_refused_for_collective_sync_naming_the_flag(
+    fake_server: FakeServer, tmp_path: Path
+) -> None:
+    engine = VLLMServerEngine(fake_server.url, "m", weights_dir=tmp_path, weight_sync="collective")
+    with pytest.raises(EngineError, match=r"--worker-extension-cls conveyor\.engines\.weight"):
+        _run(engine, engine.update_weights(_weights(1.0), 1))
+    assert engine.policy_version == 0 and not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="weight_sync must be"):
+        VLLMServerEngine(fake_server.url, "m", weight_sync="nccl")  # type: ignore[arg-type]
+
+
 def test_fake_server_fingerprint_is_the_served_prompt_logprobs(fake_server: FakeServer) -> None:
     engine = VLLMServerEngine(fake_server.url, "m")
     fingerprint = _run(engine, engine.weight_fingerprint([4, 5, 6]))
@@ -232,7 +251,8 @@ def test_without_weights_dir_a_temporary_folder_is_used_and_removed(
 
     async def go() -> Path:
         await engine.update_weights(_weights(1.0))
-        return Path(fake_server.calls[0][1]["kwargs"]["weights_path"])
+        reload = [b for _, b in fake_server.calls if b.get("method") == "reload_weights"]
+        return Path(reload[0]["kwargs"]["weights_path"])
 
     folder = _run(engine, go())
     assert folder.name == "v1" and not folder.parent.exists()

@@ -1,6 +1,9 @@
 """Training through a real vLLM server: two RL steps of the built-in trainer, each synced to a
 dev-mode server (`VLLM_SERVER_DEV_MODE=1`) and to in-process vLLM; after each sync both serve the
 same function (same greedy ids, logprobs within 1e-3) and the checked sync's fingerprint passes.
+Each engine takes every version by both weight-sync paths, the safetensors fallback first and
+then the collective broadcast (`conveyor.engines.weight_group`): greedy outputs and fingerprints
+of the two are equal exactly (float32 weights either way, bit-identical).
 
 Everything is real: the embedded model, a `python -m vllm.entrypoints.openai.api_server`
 subprocess, the in-process `VLLMEngine`, `TorchTrainingEngine` steps on the server's samples.
@@ -18,6 +21,7 @@ import pytest
 from conveyor.config import TrainerConfig
 from conveyor.engines.base import SampleRequest, SampleResult
 from conveyor.engines.vllm_server import VLLMServerEngine
+from conveyor.engines.weight_group import WORKER_EXTENSION
 from conveyor.trainer.backend import TrainBatch
 from conveyor.trainer.weight_sync import checked_sync, probe_ids
 from conveyor.types import TrainingSample
@@ -29,7 +33,10 @@ QUESTIONS = ["What is 2+3?", "Name a colour.", "Write a Python function that add
 @pytest.fixture(scope="module")
 def dev_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("server") / "vllm.log"
-    with vllm_server(model_dir, dev_mode=True, log=log, max_num_seqs=4) as url:
+    extension = ("--worker-extension-cls", WORKER_EXTENSION)
+    with vllm_server(
+        model_dir, dev_mode=True, log=log, max_num_seqs=4, extra_args=extension
+    ) as url:
         yield url
 
 
@@ -75,11 +82,30 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
 
     weights = tmp_path / "weights"
     server = VLLMServerEngine(dev_server, str(model_dir), weights_dir=weights, source_dir=model_dir)
-    local = VLLMEngine(model_dir, max_num_seqs=4, max_model_len=2048, kv_cache_gib=1, seed=0)
+    local = VLLMEngine(
+        model_dir, max_num_seqs=4, max_model_len=2048, kv_cache_gib=1, seed=0, weight_sync="auto"
+    )
+    assert local.weight_sync == "safetensors"  # 'auto' in process: one worker, tensors directly
     # lr high enough that two steps move greedy answers: equal outputs then prove a real sync
     backend = TorchTrainingEngine(model_dir, TrainerConfig(lr=2e-5, device="cpu"))
-    sync = checked_sync(server, backend, probe_ids(tokenizer))
+    probe = probe_ids(tokenizer)
+    server_sync = checked_sync(server, backend, probe)
+    local_sync = checked_sync(local, backend, probe)
     prompts = [_prompt(tokenizer, q) for q in QUESTIONS]
+
+    async def both_paths(engine: Any, sync: Any, step: int) -> list[SampleResult]:
+        """Sync one version by collectives (first: from the previous version's weights, so a
+        broadcast that loads nothing fails its check), then by safetensors: same fingerprint
+        and greedy answers (each sync checked against the trainer's fingerprint)."""
+        served = []
+        for path in ("collective", "safetensors"):
+            engine.weight_sync = path
+            await sync(step)  # raises unless the fingerprint matches the trainer's
+            served.append((await engine.weight_fingerprint(probe), await _greedy(engine, prompts)))
+        (by_group, group_answers), (by_file, file_answers) = served
+        assert by_group == by_file  # digests (in-process) and probe logprobs, exactly
+        assert [r.model_dump() for r in group_answers] == [r.model_dump() for r in file_answers]
+        return group_answers
 
     async def go() -> list[list[list[int]]]:
         try:
@@ -88,10 +114,9 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
             for step in (1, 2):
                 backend.step(await _batch(server, prompts[step % len(prompts)]))
                 version = backend.policy_version
-                await sync(step)  # raises unless the probe matches
-                await local.update_weights(backend.export_weights(), version)
-                served = await _greedy(server, prompts)
-                expected = await _greedy(local, prompts)
+                served = await both_paths(server, server_sync, step)
+                assert server.weight_sync_used == "safetensors"
+                expected = await both_paths(local, local_sync, step)
                 for got, want in zip(served, expected, strict=True):
                     assert got.token_ids == want.token_ids
                     assert got.policy_version == want.policy_version == version == step
@@ -109,7 +134,39 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
     print("greedy answers per version:", [[len(ids) for ids in v] for v in outputs])
     # The steps changed what is served (else equal outputs would prove nothing about the sync).
     assert outputs[2] != outputs[0]
-    # Two versions on disk, each a loadable folder; the first was deleted.
+    # Two versions on disk (the safetensors path's), each a loadable folder; the first deleted.
     assert sorted(p.name for p in weights.iterdir()) == ["v1", "v2"]
     assert (weights / "v2" / "config.json").is_file()
     assert server.prefix_resets_refused == 0
+
+
+@pytest.mark.slow
+def test_bench_sync_reports_both_paths_on_the_running_server(
+    dev_server: str, model_dir: Path
+) -> None:
+    """`conveyor bench sync --json` against the module's server (no second server start): both
+    paths measured in one run, each sync fingerprint-checked."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from conveyor.bench.sync_cli import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def bench() -> None:
+        """The bench sub-app stand-in (keeps `sync` a named subcommand)."""
+
+    register(app)
+    args = ["sync", "--model", str(model_dir), "--base-url", dev_server, "--rounds", "1", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    # the report is stdout's last line (progress bars of the loaders go to stderr)
+    lines = result.stdout.strip().splitlines()
+    assert lines, result.output[-2000:]
+    report = json.loads(lines[-1][lines[-1].index("{") :])
+    assert report["collective_s"] > 0 and report["safetensors_s"] > 0
+    assert len(report["collective_all_s"]) == len(report["safetensors_all_s"]) == 1
+    assert report["tensors"] > 100

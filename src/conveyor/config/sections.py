@@ -165,6 +165,25 @@ class EngineConfig(Section):
         description="engine.kind 'openai': the first retry's wait; each later one doubles it "
         "(a server's Retry-After is honoured up to 30 s).",
     )
+    weight_sync: Literal["auto", "collective", "safetensors"] = Field(
+        default="auto",
+        description="Training: how new weights reach the engine. 'collective': the engine's "
+        "vLLM workers join a process group with the trainer side (gloo on CPU, NCCL on GPU) and "
+        "receive the weights as bucketed broadcasts in the engine's dtype (replica servers are "
+        "started with the worker extension; a server at base_url needs --worker-extension-cls "
+        "conveyor.engines.weight_group.WeightGroupExtension). 'safetensors': the fallback, a "
+        "safetensors folder each server reloads (the in-process engine takes the tensors "
+        "directly). 'auto': collective for servers whose workers have the extension and for an "
+        "in-process engine with tensor_parallel_size > 1, else the fallback. The fingerprint "
+        "check runs after every sync either way (docs/engines.md, 'Weight sync').",
+    )
+    weight_bucket_mb: float = Field(
+        default=256.0,
+        gt=0,
+        description="engine.weight_sync collective: the most megabytes one broadcast carries "
+        "(tensors packed end to end; a bigger tensor goes alone). The staging memory of the "
+        "sender and of each engine worker.",
+    )
     weight_probe_tolerance: float | None = Field(
         default=None,
         gt=0,

@@ -118,6 +118,8 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
         "tensor_parallel_size": engine.tensor_parallel_size,
         "seed": config.sampling.sampling_seed or 0,
         "request_timeout_s": engine.request_timeout_s,
+        "weight_sync": engine.weight_sync,
+        "weight_bucket_mb": engine.weight_bucket_mb,
     }
 
 
@@ -140,6 +142,8 @@ def build_openai(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
             url,
             engine.served_model_name or str(model_dir),
             source_dir=model_dir,
+            weight_sync=engine.weight_sync,
+            weight_bucket_mb=engine.weight_bucket_mb,
             **_http_options(config),
         )
         for url in urls

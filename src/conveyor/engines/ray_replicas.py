@@ -36,6 +36,7 @@ from conveyor.engines.vllm_replicas import (
     wait_until_up,
 )
 from conveyor.engines.vllm_server import VLLMServerEngine
+from conveyor.engines.weight_group import DEFAULT_BUCKET_MB
 
 _STOP_TIMEOUT_S = 60.0
 
@@ -73,6 +74,7 @@ class EngineReplicaHost:
             extra_args=list(settings["extra_args"]),
             host=host,
             tensor_parallel_size=settings.get("tensor_parallel_size", 1),
+            weight_sync=settings.get("weight_sync", "auto"),
         )
         guarded = [sys.executable, "-m", "conveyor.engines.server_guard", str(os.getpid()), "--"]
         log = Path(tempfile.mkdtemp(prefix="conveyor-replica-")) / f"replica-{self.index}.log"
@@ -168,6 +170,8 @@ def start_ray_replicas(
             answer["log"],
             str(model_dir),
             source_dir=model_dir,
+            weight_sync=settings.get("weight_sync", "auto"),
+            weight_bucket_mb=settings.get("weight_bucket_mb", DEFAULT_BUCKET_MB),
             **client_options,
         )
         for actor, answer in zip(actors, answers, strict=True)

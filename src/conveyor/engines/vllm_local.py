@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import queue
 import sys
@@ -54,6 +55,12 @@ from conveyor.engines.base import (
     readable_fingerprint,
 )
 from conveyor.engines.memory import COLOCATED_GPU_SHARE, check_tensor_parallel
+from conveyor.engines.weight_group import (
+    DEFAULT_BUCKET_MB,
+    WORKER_EXTENSION,
+    WeightSender,
+    WeightSyncMode,
+)
 from conveyor.types import StopReason
 
 if TYPE_CHECKING:
@@ -97,7 +104,13 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         seed: int = 0,
         request_timeout_s: float | None = None,
+        weight_sync: WeightSyncMode = "auto",
+        weight_bucket_mb: float = DEFAULT_BUCKET_MB,
     ) -> None:
+        if weight_sync not in ("auto", "collective", "safetensors"):
+            raise ValueError(
+                f"weight_sync must be 'auto', 'collective' or 'safetensors', not {weight_sync!r}"
+            )
         # The engine core must live in this process: weight updates and the step thread need it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
@@ -112,6 +125,9 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {"gpu_memory_utilization": COLOCATED_GPU_SHARE}
         if not torch.cuda.is_available() and dtype == "auto":
             dtype = "float32"
+        if weight_sync != "safetensors":
+            # the workers can join a weight group (`conveyor.engines.weight_group`)
+            kwargs["worker_extension_cls"] = WORKER_EXTENSION
         with _kernel_scan_safe():
             self._llm = LLM(
                 model=str(model_path),
@@ -125,6 +141,18 @@ class VLLMEngine:
                 **kwargs,
             )
         self._engine = self._llm.llm_engine
+        self.tensor_parallel_size = tensor_parallel_size
+        # 'auto': by broadcast where the workers live in other processes (tensor parallel);
+        # a single in-process worker takes the tensors directly (no copy, no group)
+        self.weight_sync: WeightSyncMode = (
+            ("collective" if tensor_parallel_size > 1 else "safetensors")
+            if weight_sync == "auto"
+            else weight_sync
+        )
+        self._sender = WeightSender(
+            backend="nccl" if torch.cuda.is_available() else "gloo", bucket_mb=weight_bucket_mb
+        )
+        self._engine_dtype = ""
         self.max_model_len = max_model_len
         self.request_timeout_s = request_timeout_s
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -317,25 +345,85 @@ class VLLMEngine:
 
         `version` sets the policy version the new weights carry (the trainer's, so staleness is
         measured on one scale also after a resume); by default the version goes up by one.
+        `weight_sync` 'collective' broadcasts them into the workers through the weight group
+        (`conveyor.engines.weight_group`); otherwise the tensors go to vLLM's loader directly.
 
         Runs between engine steps. Requests already running continue on the new weights; the
         dispatcher drains the run stage first when it wants strictly on-policy samples.
         """
+        if self.weight_sync == "collective":
+            return await self._collective_update(weights, version)
 
         def apply() -> float:
             start = time.perf_counter()
             runner = self._engine.model_executor.driver_worker.worker.model_runner
             runner.reload_weights(weights_iterator=iter(weights))
-            # Frees the old weights' cached blocks; refused while running requests hold blocks
-            # (always, in async RL), which the version salt makes harmless: no later request
-            # matches a prefix cached under an older version.
-            if not self._engine.reset_prefix_cache():
-                self.prefix_resets_refused += 1
-            self._version = self._version + 1 if version is None else version
+            self._after_update(version)
             return time.perf_counter() - start
 
         seconds: float = await self._call(apply)
         return seconds
+
+    def _after_update(self, version: int | None) -> None:
+        # Frees the old weights' cached blocks; refused while running requests hold blocks
+        # (always, in async RL), which the version salt makes harmless: no later request
+        # matches a prefix cached under an older version.
+        if not self._engine.reset_prefix_cache():
+            self.prefix_resets_refused += 1
+        self._version = self._version + 1 if version is None else version
+
+    async def _collective_update(
+        self, weights: Iterable[tuple[str, Tensor]], version: int | None
+    ) -> float:
+        """Broadcast `weights` into the workers (joining them to a weight group first, once);
+        the engine thread receives while a worker thread sends."""
+        start = time.perf_counter()
+        named = list(weights)  # views of the trainer's tensors; read before anything is sent
+        if not named:
+            raise EngineError("update_weights got no tensors")
+        try:
+            if not self._sender.connected:
+                spec = self._sender.open(self.tensor_parallel_size)
+                joined = await asyncio.gather(
+                    asyncio.to_thread(self._sender.connect),
+                    self._call(
+                        lambda: self._llm.collective_rpc(
+                            "conveyor_join_weight_group", kwargs={"spec": spec.to_json()}
+                        )
+                    ),
+                )
+                self._engine_dtype = str(joined[1][0])
+            dtype = self._engine_dtype
+            plan = self._sender.plan(named, dtype)
+
+            def receive() -> None:
+                self._llm.collective_rpc(
+                    "conveyor_receive_weights",
+                    kwargs={"plan": json.dumps(plan), "dtype": dtype},
+                )
+                self._after_update(version)
+
+            sending = asyncio.ensure_future(
+                asyncio.to_thread(self._sender.send, named, plan, dtype)
+            )
+            try:
+                await self._call(receive)
+            except BaseException:
+                self._sender.close()  # unblocks the sender's pending broadcast
+                await asyncio.gather(sending, return_exceptions=True)
+                raise
+            await sending
+        except BaseException as exc:
+            self._sender.close()
+            if self._failure is None and not self._closed:
+                await asyncio.gather(
+                    self._call(lambda: self._llm.collective_rpc("conveyor_leave_weight_group")),
+                    return_exceptions=True,
+                )
+            if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                raise EngineError(f"collective weight sync failed: {exc!r}") from exc
+            raise
+        return time.perf_counter() - start
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached prefix, so a benchmark's next contender starts cold."""
@@ -400,6 +488,7 @@ class VLLMEngine:
             return
         self._closed = True
         await asyncio.to_thread(self._thread.join, 10)
+        self._sender.close()
         for request_id in list(self._waiters):
             self._fail(request_id, EngineError("vLLM engine closed"))
         if not self._thread.is_alive():

@@ -37,6 +37,7 @@ from typing import Any
 from conveyor.engines.base import EngineError
 from conveyor.engines.memory import REPLICA_GPU_SHARE, check_tensor_parallel
 from conveyor.engines.vllm_server import VLLMServerEngine
+from conveyor.engines.weight_group import DEFAULT_BUCKET_MB, WORKER_EXTENSION, WeightSyncMode
 
 # A CPU server of the 135M model is up in 30-90 s here; more when the machine is busy.
 START_TIMEOUT_S = 600.0
@@ -149,8 +150,12 @@ def server_command(
     extra_args: list[str],
     host: str = "127.0.0.1",
     tensor_parallel_size: int = 1,
+    weight_sync: str = "auto",
 ) -> list[str]:
-    """The command line of one replica's server (listening on `host`)."""
+    """The command line of one replica's server (listening on `host`); unless `weight_sync` is
+    'safetensors' its workers get the weight-group extension (`conveyor.engines.weight_group`),
+    so training broadcasts weights into them."""
+    extension = [] if weight_sync == "safetensors" else ["--worker-extension-cls", WORKER_EXTENSION]
     return [
         sys.executable,
         "-m",
@@ -165,6 +170,7 @@ def server_command(
         "--enforce-eager",
         *("--logprobs-mode", "processed_logprobs"),
         *("--seed", str(seed)),
+        *extension,
         *extra_args,
     ]
 
@@ -182,6 +188,8 @@ def start_replicas(
     client_options: dict[str, Any],
     start_timeout_s: float = START_TIMEOUT_S,
     tensor_parallel_size: int = 1,
+    weight_sync: WeightSyncMode = "auto",
+    weight_bucket_mb: float = DEFAULT_BUCKET_MB,
 ) -> list[LocalServerEngine]:
     """Start `count` servers of `model_dir`; their clients once all answer (see module doc)."""
     import torch
@@ -225,6 +233,7 @@ def start_replicas(
                 gpu_memory_utilization=utilization,
                 extra_args=extra_args,
                 tensor_parallel_size=tp,
+                weight_sync=weight_sync,
             )
             servers.append(ServerProcess(command, env, port, log_dir / f"replica-{index}.log"))
         wait_until_up(servers, start_timeout_s)
@@ -233,7 +242,14 @@ def start_replicas(
             server.stop()
         raise
     return [
-        LocalServerEngine(s, str(model_dir), source_dir=model_dir, **client_options)
+        LocalServerEngine(
+            s,
+            str(model_dir),
+            source_dir=model_dir,
+            weight_sync=weight_sync,
+            weight_bucket_mb=weight_bucket_mb,
+            **client_options,
+        )
         for s in servers
     ]
 
@@ -250,6 +266,10 @@ def server_env(
     (a `CUDA_VISIBLE_DEVICES` value; None on CPU) shared by `gpu_sharers` replicas, or on CPU
     with `kv_cache_gib` of KV cache and its compute bound to `cores` (none: vLLM's choice)."""
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    # the weight-group extension is imported by the server's workers: conveyor must be there
+    source = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([source, *(p for p in paths if p != source)])
     # set by an in-process engine of this process for itself; a server needs its own
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     # set by `conveyor train`/`eval` to keep this process's vLLM off the console; a server's

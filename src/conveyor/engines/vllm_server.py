@@ -1,4 +1,4 @@
-"""A vLLM server that training can reach: weights go to disk, then the server reloads them.
+"""A vLLM server that training can reach: weights go by broadcast or to disk, then reload.
 
 `VLLMServerEngine` samples like `OpenAICompatibleClient` and is also a `WeightReceiver`:
 `update_weights` writes the trainer's tensors as safetensors (with the model's `config.json`)
@@ -14,6 +14,11 @@ these development endpoints there, and only with `VLLM_SERVER_DEV_MODE=1`. `relo
 re-runs the model's weight loading from that folder's `*.safetensors` in place, CPU GEMM
 re-packing included, so the folder must be readable by the server at the same path (same
 machine or a shared filesystem). Old versions are deleted, keeping the newest `keep_versions`.
+
+With `weight_sync` 'collective' (or 'auto' on a server started with the worker extension) the
+weights go by broadcast instead of a folder: the server's workers join a process group with
+this client at the first sync and receive every later update through it
+(`conveyor.engines.weight_group`; the file path stays the fallback).
 
 `weight_fingerprint` asks the server for the prompt logprobs of the probe sequence (temperature
 1, as served); the weights themselves are opaque over HTTP, so it has no digests.
@@ -37,6 +42,13 @@ from typing import TYPE_CHECKING, Any
 from conveyor.engines.base import EngineError, SampleRequest, WeightFingerprint
 from conveyor.engines.openai_http import OpenAICompatibleClient, parse_completion
 from conveyor.engines.vllm_local import version_salt
+from conveyor.engines.weight_group import (
+    DEFAULT_BUCKET_MB,
+    WORKER_EXTENSION,
+    WeightSender,
+    WeightSyncMode,
+    local_address_towards,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -77,17 +89,32 @@ class VLLMServerEngine(OpenAICompatibleClient):
         source_dir: Path | None = None,
         keep_versions: int = 2,
         server_root: str | None = None,
+        weight_sync: WeightSyncMode = "auto",
+        weight_bucket_mb: float = DEFAULT_BUCKET_MB,
         **options: Any,
     ) -> None:
         super().__init__(base_url, model, **options)
         if keep_versions < 1:
             raise ValueError(f"VLLMServerEngine: keep_versions must be >= 1, got {keep_versions}")
+        if weight_sync not in ("auto", "collective", "safetensors"):
+            raise ValueError(
+                f"weight_sync must be 'auto', 'collective' or 'safetensors', not {weight_sync!r}"
+            )
+        # 'auto' tries the weight group at the first sync and keeps to safetensors for good
+        # if the server's workers lack the extension; `weight_sync_used` says what the last
+        # sync went by
+        self.weight_sync: WeightSyncMode = weight_sync
+        self.weight_sync_used = ""
         self.weights_dir = weights_dir
         self.source_dir = source_dir
         self.keep_versions = keep_versions
         self.server_root = (server_root or self.base_url.removesuffix("/v1")).rstrip("/")
         self.prefix_resets_refused = 0  # syncs after which the server kept its cached prefixes
         self._own_dir: Path | None = None
+        self._sender = WeightSender(
+            host=local_address_towards(self.server_root), bucket_mb=weight_bucket_mb
+        )
+        self._group_dtype = ""
 
     @property
     def policy_version(self) -> int:
@@ -106,21 +133,102 @@ class VLLMServerEngine(OpenAICompatibleClient):
     async def update_weights(
         self, weights: Iterable[tuple[str, Tensor]], version: int | None = None
     ) -> float:
-        """Write `weights` to `weights_dir/v{version}`, have the server reload them and reset its
-        prefix cache; returns the seconds taken. An `EngineError` if the server refuses."""
+        """Load `weights` into the server and reset its prefix cache; returns the seconds taken.
+
+        By collectives (`weight_sync` 'collective', or 'auto' on a server whose workers have
+        the extension: `conveyor.engines.weight_group`) or through a safetensors folder under
+        `weights_dir/v{version}` that the server reloads. An `EngineError` if the server
+        refuses."""
         start = time.perf_counter()
         new_version = self._version + 1 if version is None else version
-        folder = await asyncio.to_thread(self._write_version, weights, new_version)
-        answer = await self._post(
-            {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
-            f"{self.server_root}/collective_rpc",
-        )
-        if "results" not in answer:
-            raise EngineError(f"{self.server_root}/collective_rpc: unexpected answer {answer}")
+        if self.weight_sync != "safetensors" and await self._group_ready():
+            await self._broadcast(weights)
+            self.weight_sync_used = "collective"
+        else:
+            folder = await asyncio.to_thread(self._write_version, weights, new_version)
+            answer = await self._post(
+                {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                f"{self.server_root}/collective_rpc",
+            )
+            if "results" not in answer:
+                raise EngineError(f"{self.server_root}/collective_rpc: unexpected answer {answer}")
+            self.weight_sync_used = "safetensors"
         self._version = new_version
         await self._reset_prefix_cache()
-        await asyncio.to_thread(self._prune, new_version)
+        if self.weight_sync_used == "safetensors":
+            await asyncio.to_thread(self._prune, new_version)
         return time.perf_counter() - start
+
+    async def _rpc(self, method: str, kwargs: dict[str, Any], timeout_s: float) -> list[Any]:
+        """One `/collective_rpc` call, never retried (a resent receive would wait for
+        broadcasts that never come); the per-worker results."""
+        import httpx
+
+        url = f"{self.server_root}/collective_rpc"
+        try:
+            response = await self._client().post(
+                url, json={"method": method, "kwargs": kwargs}, timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{url} ({method}): {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise EngineError(
+                f"{url} ({method}): HTTP {response.status_code}: {response.text[:300]}"
+            )
+        results = response.json().get("results") if response.content else None
+        return list(results) if isinstance(results, list) else []
+
+    async def _group_ready(self) -> bool:
+        """Whether this sync can go by collectives: the group is open, or opens now. 'auto'
+        falls back to safetensors (for good) when the workers lack the extension; 'collective'
+        raises an `EngineError` naming the flag the server needs."""
+        if self._sender.connected:
+            return True
+        try:
+            # also counts the workers: one result each (the extension's leave is harmless)
+            workers = len(await self._rpc("conveyor_leave_weight_group", {}, 30.0))
+        except EngineError as exc:
+            if self.weight_sync == "auto":
+                self.weight_sync = "safetensors"
+                return False
+            raise EngineError(
+                f"engine.weight_sync 'collective': the server at {self.base_url} cannot join a "
+                f"weight group ({exc}); start it with --worker-extension-cls {WORKER_EXTENSION} "
+                "(conveyor importable there), or set engine.weight_sync to 'auto' or 'safetensors'"
+            ) from exc
+        spec = self._sender.open(max(1, workers))
+        try:
+            _, joined = await asyncio.gather(
+                asyncio.to_thread(self._sender.connect),
+                self._rpc("conveyor_join_weight_group", {"spec": spec.to_json()}, spec.timeout_s),
+            )
+        except BaseException:
+            self._sender.close()
+            raise
+        self._group_dtype = str(joined[0]) if joined else "float32"
+        return True
+
+    async def _broadcast(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Send one update through the open group while the server receives it."""
+        named = list(weights)
+        if not named:
+            raise EngineError("update_weights got no tensors")
+        dtype = self._group_dtype
+        plan = self._sender.plan(named, dtype)
+        sending = asyncio.ensure_future(asyncio.to_thread(self._sender.send, named, plan, dtype))
+        try:
+            await self._rpc(
+                "conveyor_receive_weights",
+                {"plan": json.dumps(plan), "dtype": dtype},
+                self._sender.timeout_s,
+            )
+            await sending
+        except BaseException as exc:
+            self._sender.close()  # the next sync opens a new group
+            await asyncio.gather(sending, return_exceptions=True)
+            if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                raise EngineError(f"collective weight sync failed: {exc!r}") from exc
+            raise
 
     async def _reset_prefix_cache(self) -> None:
         for _ in range(_RESET_TRIES):
@@ -253,6 +361,7 @@ class VLLMServerEngine(OpenAICompatibleClient):
     async def close(self) -> None:
         """Close the connections; a temporary weights folder is removed."""
         await super().close()
+        self._sender.close()
         own, self._own_dir = self._own_dir, None
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)

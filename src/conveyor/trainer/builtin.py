@@ -30,8 +30,9 @@ class BuiltinBackend:
             version=torch_version,
             train=torch_version is not None,
             eval=True,
-            sync="update_weights: tensors into in-process vllm/hf; safetensors + "
-            "reload_weights into a dev-mode vLLM server (engine.kind openai)",
+            sync="update_weights: tensors into in-process vllm/hf, or broadcast into vLLM "
+            "workers through a weight group (engine.weight_sync collective); safetensors + "
+            "reload_weights into a dev-mode vLLM server (engine.kind openai) as the fallback",
             reason="" if torch_version else "torch is not installed",
         )
 
