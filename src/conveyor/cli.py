@@ -191,7 +191,8 @@ def eval_command(
         str | None,
         typer.Option(
             help="Run a benchmark's upstream protocol instead of the config's tasks: "
-            "'humaneval' or 'rg' (docs/domains.md, 'Benchmark mode'); writes benchmark.json."
+            "'humaneval', 'rg', 'bfcl' or 'tau2' (docs/domains.md, 'Benchmark mode'); writes "
+            "benchmark.json."
         ),
     ] = None,
     policy: Annotated[

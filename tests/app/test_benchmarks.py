@@ -38,9 +38,16 @@ def test_a_benchmark_refuses_incomparable_settings_unless_told_and_then_says_why
     rg = benchmarks.benchmark("rg")
     with pytest.raises(ValueError, match=r"tasks\.options\.rg\.datasets cannot be set"):
         benchmarks.plan(rg, _config("tasks.families=[rg]", "tasks.options={rg: {datasets: [gcd]}}"))
-    with pytest.raises(ValueError, match="unknown benchmark 'mbpp'; known: humaneval, rg"):
+    with pytest.raises(
+        ValueError, match="unknown benchmark 'mbpp'; known: bfcl, humaneval, rg, tau2"
+    ):
         benchmarks.benchmark("mbpp")
-    for name in ("humaneval", "rg"):  # the shipped configs are comparable as they stand
+    for name in (
+        "humaneval",
+        "rg",
+        "bfcl",
+        "tau2",
+    ):  # the shipped configs are comparable as they stand
         shipped = load_config(REPO / "configs" / "benchmarks" / f"{name}.yaml", []).config
         assert benchmarks.plan(benchmarks.benchmark(name), shipped).not_comparable == []
 
@@ -128,3 +135,66 @@ def test_conveyor_eval_benchmark_runs_oracle_and_empty_through_the_real_loop(
         assert any("prompting" in d for d in report["deviations"])
         means[policy] = report["scores"]["mean_score"]
     assert means == {"oracle": 1.0, "empty": 0.0}
+
+
+def test_bfcl_and_tau2_refuse_what_their_family_finds_incomparable() -> None:
+    tau2 = benchmarks.benchmark("tau2")
+    with pytest.raises(ValueError, match=r"embedded SmolLM2-135M.*hints"):
+        benchmarks.plan(tau2, _config("tasks.families=[tau2]"))
+    told = benchmarks.plan(tau2, _config("tasks.families=[tau2]"), allow_incomparable=True)
+    options = told.config.tasks.options["tau2"]
+    assert options["allow_incomparable"] is True and options["upstream_split"] == "test"
+    assert any("embedded" in reason for reason in told.not_comparable)
+    shipped = load_config(REPO / "configs" / "benchmarks" / "tau2.yaml", []).config
+    judged = shipped.tasks.options["tau2"] | {"judge": {"base_url": "http://x", "model": "j"}}
+    with_judge = shipped.model_copy(
+        update={"tasks": shipped.tasks.model_copy(update={"options": {"tau2": judged}})}
+    )
+    with pytest.raises(ValueError, match="judge adds the NL-assertion basis"):
+        benchmarks.plan(tau2, with_judge)
+    bfcl = benchmarks.benchmark("bfcl")
+    steps = _config("tasks.families=[bfcl]", "agent.hints.enabled=false")
+    with pytest.raises(ValueError, match=r"max_steps_per_user_turn is None"):
+        benchmarks.plan(bfcl, steps)
+    odd = _config("tasks.families=[bfcl]", "tasks.options={bfcl: {categories: [base]}}")
+    with pytest.raises(ValueError, match=r"bfcl\.categories is \['base'\]"):
+        benchmarks.plan(bfcl, odd)
+
+
+def test_bfcl_accuracy_by_category_and_tau2_pass_hat_k() -> None:
+    tasks = [
+        Task(id=f"b{i}", family="bfcl", prompt=[], data={"category": c})
+        for i, c in enumerate(["base", "base", "miss_func"])
+    ]
+    rollouts = [
+        _rollout("b0", 0, 1.0, Status.OK),
+        _rollout("b1", 0, 0.0, Status.OK),
+        _rollout("b2", 0, 1.0, Status.OK),
+    ]
+    scores = benchmarks.bfcl_metric(rollouts, tasks)["scores"]
+    assert scores == {"overall": 0.75, "by_category": {"base": 0.5, "miss_func": 1.0}}
+    tau = [Task(id=f"t{i}", family="tau2", prompt=[], data={}) for i in range(2)]
+    tries = [_rollout("t0", j, 1.0, Status.OK) for j in range(4)] + [
+        _rollout("t1", j, 1.0 if j < 2 else 0.0, Status.OK) for j in range(4)
+    ]
+    tries.append(_rollout("t1", 4, None, Status.INFRA_ERROR))  # unscored, not a failure
+    got = benchmarks.tau2_metric(tries, tau)["scores"]
+    assert got == pytest.approx(
+        {"pass^1": 0.75, "pass^2": (1 + 1 / 6) / 2, "pass^3": 0.5, "pass^4": 0.5}
+    )
+
+
+def test_conveyor_eval_benchmark_bfcl_with_the_oracle(model_dir: Path, tmp_path: Path) -> None:
+    """Refused without --allow-incomparable; the oracle through the real loop scores 1.0 in its
+    category (the empty policy's 0.0 is measured in docs/benchmarks-bfcl-tau2.md)."""
+    runner = CliRunner()
+    config = str(REPO / "configs" / "benchmarks" / "bfcl.yaml")
+    args = ["eval", config, "--benchmark", "bfcl", "--policy", "oracle", "--limit", "1"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code != 0 and "incomparable" in refused.output
+    result = runner.invoke(app, [*args, "--allow-incomparable", "--set", f"run.dir={tmp_path}"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "benchmark.json").read_text())
+    assert report["tasks"] == 1 and report["benchmark_size"] == 800
+    assert report["scores"] == {"overall": 1.0, "by_category": {"base": 1.0}}
+    assert "NOT COMPARABLE: --limit 1" in result.output

@@ -757,3 +757,88 @@ def test_the_parity_command_names_a_missing_side_venv_and_unknown_families(
     assert missing.exit_code != 0 and "scripts/venv-inspect.sh" in missing.output
     unknown = CliRunner().invoke(app, ["tasks", "parity", "search"])
     assert unknown.exit_code != 0 and "bfcl, tau2" in unknown.output
+
+
+class _FakeJudgeServer:
+    """An OpenAI-compatible chat endpoint whose "judge model" is a script (no judge model can
+    run here): every assertion is met when the conversation holds "cannot add insurance",
+    else not met; a conversation holding "stall" gets no answer before the client's timeout."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        import time
+
+        server = self
+        self.asked: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                assert self.path == "/v1/chat/completions" and body["model"] == "judge"
+                prompt = body["messages"][-1]["content"]
+                server.asked.append(prompt)
+                if "stall" in prompt:
+                    time.sleep(2.0)
+                wanted = [x[2:] for x in prompt.split("expectedOutcomes:\n")[1].splitlines()]
+                met = "cannot add insurance" in prompt
+                results = [
+                    {"expectedOutcome": w, "reasoning": "scripted", "metExpectation": met}
+                    for w in wanted
+                ]
+                text = "```json\n" + json.dumps({"results": results}) + "\n```"
+                reply = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                except OSError:  # the client gave up (the stalled answer)
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_nl_assertions_are_judged_by_the_configured_judge__fake_judge() -> None:
+    """With `judge`, the tasks graded by NL assertions are served and each assertion is asked
+    of the judge: all met counts, one not met scores 0, a judge timeout is an infrastructure
+    error of the rollout (never a 0). Without a judge they stay dropped and listed."""
+    from conveyor.types import Status
+
+    server = _FakeJudgeServer()
+    try:
+        judge = {"base_url": server.url, "model": "judge", "timeout_s": 1.0}
+        judged = family(upstream_split="all", judge=judge)
+        dropped = judged.dropped("eval")  # the 6 with nothing to judge stay dropped
+        assert len(judged.served("eval")) == 164 - 6 and len(dropped) == 6
+        assert all(key.startswith("retail/") for key in dropped)
+        assert not any(judged.task_of("retail", "0").data["nl_assertions"])  # DB + info basis
+        task = judged.task_of("airline", "6")
+        assert task.data["nl_assertions"] == ["Agent should not allow user to add insurance."]
+
+        async def graded(reply: str) -> float:
+            _, runtime = await act(task, [])
+            runtime.heard.append(reply)
+            trajectory = Trajectory(task_id=task.id, status=Status.OK)
+            return (await judged.grade(task, trajectory, runtime)).reward
+
+        assert run(graded("Sorry, I cannot add insurance after booking.")) == 1.0
+        assert "assistant: Sorry, I cannot add insurance" in server.asked[-1]
+        assert "user: Hi!" in server.asked[-1]
+        assert run(graded("Done, insurance added.")) == 0.0
+        with pytest.raises(RuntimeFailure, match="judge failed.*no reply in 1.0 s"):
+            run(graded("stall"))
+    finally:
+        server.close()
+    assert len(server.asked) == 3
+    assert "airline/6" in family(upstream_split="all").dropped("eval")

@@ -19,8 +19,10 @@ with the reason unless `--allow-incomparable` is given; then the report says "no
 why, in its first line. Infrastructure errors leave tasks unscored, so a run with any is "not
 comparable" too, and a run with no scored rollout reports "no data".
 
-Adding BFCL or tau2 is one more `Benchmark`: the family's whole-set builder, its locked options
-and its metric (BFCL accuracy by category, tau2 pass^k) over the same trajectories.
+BFCL and tau2 carry their protocol as family options (`whole_set`, `upstream_split`, ...,
+`benchmark: true`, see docs/benchmarks-bfcl-tau2.md): their `locked` options set it, and the
+family's own `config_problems` (a compact tool prompt, hints, another step budget, the embedded
+customer) are reasons too; `--allow-incomparable` passes the family's `allow_incomparable`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.app.reports import pass_at_k
+from conveyor.app.reports import pass_at_k, pass_hat_k
 from conveyor.config import ConveyorConfig
 from conveyor.types import Status, Task, Trajectory
 
@@ -189,6 +191,54 @@ def _rg_deviations() -> tuple[str, ...]:
     )
 
 
+# ---- BFCL multi-turn -------------------------------------------------------------------------
+
+BFCL_CATEGORIES = ("base", "long_context", "miss_func", "miss_param")
+
+
+def _bfcl_tasks(family: Any, limit: int | None) -> list[Task]:
+    entries = family.entries("eval")[:limit]  # whole_set: every entry, in dataset order
+    return [family._task(entry, "eval", index) for index, entry in enumerate(entries)]
+
+
+def bfcl_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """BFCL's multi-turn accuracy: per category the share of entries BFCL's checker passes
+    (the first scored rollout of each), and overall the mean of the category accuracies (as
+    the leaderboard's multi-turn overall)."""
+    category_of = {t.id: str(t.data["category"]) for t in tasks}
+    per: dict[str, list[float]] = defaultdict(list)
+    for task_id, group in _scored_groups(trajectories, tasks).items():
+        per[category_of[task_id]].append(1.0 if group[0].solved else 0.0)
+    by_category = {c: sum(per[c]) / len(per[c]) for c in BFCL_CATEGORIES if per[c]}
+    overall = sum(by_category.values()) / len(by_category) if by_category else None
+    scores = {"overall": overall, "by_category": by_category}
+    return {"scores": scores, "headline": overall, "headline_name": "multi-turn accuracy"}
+
+
+# ---- tau2-bench ---------------------------------------------------------------------------
+
+
+def _tau2_tasks(family: Any, limit: int | None) -> list[Task]:
+    served = family.served("test")[:limit]  # upstream_split: tau2-bench's own test split
+    return [family._task(source, "test", index) for index, source in enumerate(served)]
+
+
+def tau2_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """tau2-bench's pass^k for k = 1 .. the samples per task: per task C(c, k)/C(n, k), the
+    mean over tasks with at least k scored tries (`reports.pass_hat_k`)."""
+    groups = _scored_groups(trajectories, tasks)
+    most = max((len(g) for g in groups.values()), default=0)
+    scores: dict[str, Any] = {}
+    for k in range(1, most + 1):
+        values = [
+            pass_hat_k(len(g), sum(1 for t in g if t.solved), k)
+            for g in groups.values()
+            if len(g) >= k
+        ]
+        scores[f"pass^{k}"] = sum(values) / len(values)
+    return {"scores": scores, "headline": scores.get("pass^1"), "headline_name": "pass^1"}
+
+
 # ---- the registry ---------------------------------------------------------------------------
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -224,6 +274,51 @@ BENCHMARKS: dict[str, Benchmark] = {
         build=_rg_tasks,
         metric=rg_metric,
         deviations=(),
+    ),
+    "bfcl": Benchmark(
+        name="bfcl",
+        family="bfcl",
+        upstream="BFCL v4 multi-turn (base, long_context, miss_func, miss_param; 200 each)",
+        metric_name="accuracy by category and their mean (BFCL's multi_turn_checker)",
+        size=800,
+        locked={
+            "categories": list(BFCL_CATEGORIES),
+            "whole_set": True,
+            "max_steps_per_turn": 20,
+            "malformed_call_ends_turn": True,
+            "benchmark": True,
+        },
+        build=_bfcl_tasks,
+        metric=bfcl_metric,
+        deviations=(
+            "prompting: our system prompt and the chat template's tool-call syntax, not BFCL's "
+            "prompting-mode prompt ([func(a=1)]) or a provider's native function calling",
+            "only the multi-turn categories: BFCL's overall score also averages single-turn, "
+            "live, irrelevance and agentic categories not served here",
+        ),
+    ),
+    "tau2": Benchmark(
+        name="tau2",
+        family="tau2",
+        upstream="tau2-bench airline + retail test split (inspect-evals' data and scorers)",
+        metric_name="pass^k (Yao et al. 2024), reward = DB match AND required info said",
+        size=60,
+        locked={
+            "domains": ["airline", "retail"],
+            "upstream_split": "test",
+            "include_unverifiable": True,
+            "max_user_turns": None,
+            "max_foreign_info": None,
+            "benchmark": True,
+        },
+        build=_tau2_tasks,
+        metric=tau2_metric,
+        deviations=(
+            "prompting: our agent system prompt, not tau2-bench's; one tool call per reply",
+            "the customer opens with a fixed 'Hi!' (tau2-bench: the customer model writes it)",
+            "no max_errors (10 tool errors) stop",
+            "inspect-evals' copy of the data and tools, ported (verdicts equal its scorers)",
+        ),
     ),
 }
 
@@ -277,6 +372,16 @@ def plan(
             f"benchmark {spec.name}: tasks.options.rg.{', '.join(chosen)} cannot be set; the "
             "benchmark's datasets and their configs are the published config's"
         )
+    merged = {**spec.locked, **options}
+    if spec.locked.get("benchmark"):  # the family's own protocol checks (see the module doc)
+        from conveyor.tasks.family import FamilyServices, get_family
+
+        family = get_family(spec.family, config.runtime, FamilyServices(options=merged))
+        for problem in family.config_problems(config):  # type: ignore[attr-defined]
+            if problem not in reasons:
+                reasons.append(problem)
+        if allow_incomparable:
+            merged["allow_incomparable"] = True
     if limit is not None:
         reasons.append(f"--limit {limit}: a subset of the benchmark's {spec.size} tasks")
     if reasons and not allow_incomparable:
@@ -285,7 +390,6 @@ def plan(
             "the published ones (pass --allow-incomparable to run anyway, marked "
             f"'{NOT_COMPARABLE}'): " + "; ".join(reasons)
         )
-    merged = {**spec.locked, **options}
     task_spec = config.tasks.model_copy(
         update={"families": [spec.family], "options": {spec.family: merged}}
     )

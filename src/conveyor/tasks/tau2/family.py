@@ -13,7 +13,9 @@ the records that differ from the initial database)
 AND every `communicate_info` string occurs in what the agent said to the customer (lowercased,
 commas dropped), else 0.0. The breakdown holds both parts. Tasks that neither change the database
 nor require information (refusals, which tau2-bench judges by natural-language assertions) would
-reward doing nothing, so they are left out unless `include_unverifiable` is set.
+reward doing nothing, so they are left out unless `include_unverifiable` is set, or a judge model
+is configured (`judge`): then those with `nl_assertions` are served and their reward also
+requires every assertion judged met (tau2-bench's NL_ASSERTION basis, `judge_assertions`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from conveyor.tasks.family import (
 )
 from conveyor.tasks.tau2 import airline, data, retail
 from conveyor.tasks.tau2.common import Tau2Runtime
-from conveyor.types import Status, Task, ToolCall, Trajectory
+from conveyor.types import Message, Status, Task, ToolCall, Trajectory
 
 Domain = Literal["airline", "retail"]
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
@@ -93,6 +95,13 @@ class UserEndpoint(BaseModel):
     max_tokens: int = Field(default=1024, gt=0, description="Longest customer reply, in tokens.")
 
 
+class JudgeEndpoint(UserEndpoint):
+    """`tasks.options.tau2.judge`: the model judging natural-language assertions, on an
+    OpenAI-compatible endpoint."""
+
+    max_tokens: int = Field(default=2048, gt=0, description="Longest judge reply, in tokens.")
+
+
 class Tau2Options(BaseModel):
     """`tasks.options.tau2`."""
 
@@ -105,6 +114,14 @@ class Tau2Options(BaseModel):
         default=None,
         description="The simulated customer on an OpenAI-compatible endpoint (base_url, model, "
         "api_key_env); none: tasks.user_engine plays it.",
+    )
+    judge: JudgeEndpoint | None = Field(
+        default=None,
+        description="The judge of natural-language assertions (base_url, model, api_key_env, "
+        "timeout_s): with one, the tasks tau2-bench grades by NL assertions (nothing to change, "
+        "no information to give) are served and each assertion is judged met or not; all met "
+        "is required. A judge failure is an infrastructure error. null: those tasks are dropped "
+        "(unless include_unverifiable).",
     )
     max_user_turns: int | None = Field(
         default=10,
@@ -162,6 +179,10 @@ class _Source:
     @property
     def info(self) -> list[str]:
         return [str(i) for i in self.record["evaluation_criteria"].get("communicate_info") or []]
+
+    @property
+    def nl_assertions(self) -> list[str]:
+        return [str(a) for a in self.record["evaluation_criteria"].get("nl_assertions") or []]
 
 
 def verifiable(source: _Source) -> bool:
@@ -281,6 +302,7 @@ class Tau2Family:
         self.services = services if services is not None else FamilyServices()
         self.options = family_options(self.name, Tau2Options, self.services.options)
         self._user: ChatClient | None = None
+        self._judge: EndpointChatClient | None = None
 
     # -- instances ------------------------------------------------------------------------
     def served(self, split: str) -> list[_Source]:
@@ -289,8 +311,15 @@ class Tau2Family:
         return [
             source
             for source in self._in_split(split)
-            if self.options.include_unverifiable or verifiable(source)
+            if self.options.include_unverifiable or verifiable(source) or self.judged(source)
         ]
+
+    def judged(self, source: _Source) -> bool:
+        """Whether the source's reward basis includes its NL assertions: a judge is configured
+        and the task has nothing else to verify (no information, no database change)."""
+        return (
+            self.options.judge is not None and bool(source.nl_assertions) and not verifiable(source)
+        )
 
     def dropped(self, split: str) -> list[str]:
         """The tasks of `split` left out (unverifiable ones without `include_unverifiable`),
@@ -341,6 +370,10 @@ class Tau2Family:
             problems.append("include_unverifiable is off: tasks tau2-bench grades are dropped")
         if self.options.max_foreign_info is not None:
             problems.append("max_foreign_info adds a rule tau2-bench's scoring does not have")
+        if self.options.judge is not None:
+            problems.append(
+                "judge adds the NL-assertion basis; tau2-bench's default basis is DB + COMMUNICATE"
+            )
         return problems
 
     def make_tasks(self, n: int, seed: int, split: str) -> list[Task]:
@@ -378,6 +411,7 @@ class Tau2Family:
                 "actions": source.actions,
                 "communicate_info": source.info,
                 "user_system": user_system_prompt(source.record),
+                "nl_assertions": source.nl_assertions if self.judged(source) else [],
             },
         )
 
@@ -484,17 +518,64 @@ class Tau2Family:
         db_ok = final == expected
         limit = self.options.max_foreign_info
         info_ok = not missing and (limit is None or len(foreign) <= limit)
-        record = {
+        record: dict[str, Any] = {
             "db_changes_digest": final,
             "expected_db_changes_digest": expected,
             "missing_info": missing,
             "foreign_info_said": foreign,
         }
+        breakdown = {"db": float(db_ok), "info": float(info_ok)}
+        assertions = list(task.data.get("nl_assertions") or [])
+        nl_ok = True
+        if assertions:
+            met = await self.judge_assertions(assertions, conversation(world))
+            nl_ok = all(met)
+            record["nl_assertions_met"] = dict(zip(assertions, met, strict=True))
+            breakdown["nl"] = float(nl_ok)
         return Grade(
-            reward=1.0 if db_ok and info_ok else 0.0,
-            breakdown={"db": float(db_ok), "info": float(info_ok)},
+            reward=1.0 if db_ok and info_ok and nl_ok else 0.0,
+            breakdown=breakdown,
             records=[{"role": "tau2_grade", "content": json.dumps(record, sort_keys=True)}],
         )
+
+    def judge_client(self) -> EndpointChatClient:
+        """The judge's chat client (`judge`), built on first use."""
+        endpoint = self.options.judge
+        if endpoint is None:
+            raise RuntimeFailure("tau2: a task with NL assertions needs tasks.options.tau2.judge")
+        if self._judge is None:
+            self._judge = EndpointChatClient(
+                endpoint.base_url,
+                endpoint.model,
+                api_key_env=endpoint.api_key_env,
+                timeout_s=endpoint.timeout_s,
+                temperature=endpoint.temperature,
+                max_tokens=endpoint.max_tokens,
+            )
+        return self._judge
+
+    async def judge_assertions(self, assertions: list[str], transcript: str) -> list[bool]:
+        """Whether each assertion is met by the conversation, as tau2-bench's NL assertion
+        evaluator asks: one request listing them, a JSON `results` list of
+        `{expectedOutcome, reasoning, metExpectation}` back. Any failure of the judge (no
+        reply, a timeout, an answer that is not that JSON) is an infrastructure error of the
+        rollout (`RuntimeFailure`), never a 0."""
+        listed = "\n".join(f"- {a}" for a in assertions)
+        messages: list[Message] = [
+            {"role": "system", "content": NL_JUDGE_SYSTEM},
+            {
+                "role": "user",
+                "content": f"conversation:\n{transcript}\n\nexpectedOutcomes:\n{listed}",
+            },
+        ]
+        try:
+            answer = await self.judge_client().reply(messages)
+            met = _judge_verdicts(answer, len(assertions))
+        except RuntimeFailure:
+            raise
+        except Exception as error:  # the judge's failure, never the policy's
+            raise RuntimeFailure(f"tau2: the NL-assertion judge failed: {error}") from error
+        return met
 
     def _foreign_said(
         self, task: Task, world: Tau2Runtime, text: str, tool_outputs: list[str]
@@ -527,6 +608,55 @@ class Tau2Family:
             for action in task.data["actions"]
         ]
         return [say(GREETING), *actions, say(closing), say("")]
+
+
+NL_JUDGE_SYSTEM = """TASK
+- You will be given a list of expected outcomes and a conversation that was collected during \
+a test case run.
+- The conversation is between a customer service agent and a customer.
+- Your job is to evaluate whether the agent satisfies each of the expected outcomes.
+- Grade each expected outcome individually.
+
+FORMAT
+- Your response should be a JSON object with the following fields:
+- `reasoning`: a short explanation for your classification
+- `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise
+- `expectedOutcome`: repeat the expectation from the input that you are grading
+
+Example response structure:
+{"results": [{"expectedOutcome": "<one expected outcome>", "reasoning": "<reasoning>", \
+"metExpectation": <false or true>}]}"""
+
+
+def conversation(world: Tau2Runtime) -> str:
+    """The conversation the judge reads: the customer's lines and the agent's replies, in
+    order (tool calls and their results are not part of it)."""
+    customer = [OPENING] + [
+        str(m["content"]) for m in world.user_messages[3:] if m["role"] == "assistant"
+    ]
+    lines: list[str] = []
+    for index in range(max(len(customer), len(world.heard))):
+        if index < len(customer):
+            lines.append(f"user: {customer[index]}")
+        if index < len(world.heard) and world.heard[index].strip():
+            lines.append(f"assistant: {world.heard[index]}")
+    return "\n".join(lines)
+
+
+def _judge_verdicts(answer: str, count: int) -> list[bool]:
+    """The `metExpectation` of each of `count` results in the judge's JSON answer (a fenced
+    block allowed); `ValueError` for anything else."""
+    text = answer.strip()
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
+    if fenced:
+        text = fenced.group(1)
+    results = json.loads(text)["results"]
+    if not isinstance(results, list) or len(results) != count:
+        raise ValueError(f"the judge answered {len(results)} results for {count} assertions")
+    met = [r.get("metExpectation") if isinstance(r, dict) else None for r in results]
+    if not all(isinstance(m, bool) for m in met):
+        raise ValueError(f"a result without a boolean metExpectation: {results!r}")
+    return [bool(m) for m in met]
 
 
 def _world(runtime: Runtime | None) -> Tau2Runtime:
