@@ -779,7 +779,7 @@ class _FakeJudgeServer:
                 prompt = body["messages"][-1]["content"]
                 server.asked.append(prompt)
                 if "stall" in prompt:
-                    time.sleep(2.0)
+                    time.sleep(1.0)
                 wanted = [x[2:] for x in prompt.split("expectedOutcomes:\n")[1].splitlines()]
                 met = "cannot add insurance" in prompt
                 results = [
@@ -817,7 +817,7 @@ def test_nl_assertions_are_judged_by_the_configured_judge__fake_judge() -> None:
 
     server = _FakeJudgeServer()
     try:
-        judge = {"base_url": server.url, "model": "judge", "timeout_s": 1.0}
+        judge = {"base_url": server.url, "model": "judge", "timeout_s": 0.5}
         judged = family(upstream_split="all", judge=judge)
         dropped = judged.dropped("eval")  # the 6 with nothing to judge stay dropped
         assert len(judged.served("eval")) == 164 - 6 and len(dropped) == 6
@@ -826,9 +826,10 @@ def test_nl_assertions_are_judged_by_the_configured_judge__fake_judge() -> None:
         task = judged.task_of("airline", "6")
         assert task.data["nl_assertions"] == ["Agent should not allow user to add insurance."]
 
+        _, runtime = run(act(task, []))  # the agent changes nothing; only its replies differ
+
         async def graded(reply: str) -> float:
-            _, runtime = await act(task, [])
-            runtime.heard.append(reply)
+            runtime.heard[:] = [reply]
             trajectory = Trajectory(task_id=task.id, status=Status.OK)
             return (await judged.grade(task, trajectory, runtime)).reward
 
@@ -836,7 +837,7 @@ def test_nl_assertions_are_judged_by_the_configured_judge__fake_judge() -> None:
         assert "assistant: Sorry, I cannot add insurance" in server.asked[-1]
         assert "user: Hi!" in server.asked[-1]
         assert run(graded("Done, insurance added.")) == 0.0
-        with pytest.raises(RuntimeFailure, match="judge failed.*no reply in 1.0 s"):
+        with pytest.raises(RuntimeFailure, match=r"judge failed.*no reply in 0.5 s"):
             run(graded("stall"))
     finally:
         server.close()
