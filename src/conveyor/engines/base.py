@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +22,20 @@ class EngineDown(EngineError):
     """The engine stopped answering altogether: retrying rollouts cannot help, the run stops."""
 
 
+class OutputFormat(BaseModel):
+    """A format the sampled text must follow, enforced by masking each step's logits to the
+    tokens the grammar allows (OpenAI's `response_format`).
+
+    - `json_object`: any JSON object;
+    - `json_schema`: a JSON value valid under `schema_text` (a JSON schema, serialized).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["json_object", "json_schema"]
+    schema_text: str = ""
+
+
 class SampleRequest(BaseModel):
     """One generation request: exact prompt token ids and the sampling settings for this turn."""
 
@@ -37,6 +51,9 @@ class SampleRequest(BaseModel):
     # Also report the `top_logprobs` most likely tokens at each position (engines that can:
     # `TopLogprobs`); 0 = the sampled token's logprob only.
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    # Constrain the sampled text to a grammar (engines that can: `StructuredOutput`); None =
+    # sample freely.
+    output_format: OutputFormat | None = None
 
 
 class SampleResult(BaseModel):
@@ -88,6 +105,16 @@ class TopLogprobs(Protocol):
     @property
     def max_top_logprobs(self) -> int:
         """The largest `SampleRequest.top_logprobs` it serves."""
+        ...
+
+
+@runtime_checkable
+class StructuredOutput(Protocol):
+    """An engine that decodes under a grammar: `SampleRequest.output_format` is enforced."""
+
+    @property
+    def output_formats(self) -> frozenset[str]:
+        """The `OutputFormat.type`s it enforces (empty when its grammar library is missing)."""
         ...
 
 
