@@ -41,6 +41,15 @@ def test_response_format_json_is_enforced_and_recorded_with_loss_mask_0(
         shaped = ask("schema", 12, response_format=schema_form)
         anything = ask("object", 12, response_format={"type": "json_object"})
         free = ask("free", 6)
+        responses = openai.OpenAI(base_url=f"{url}/rollouts/resp/v1", api_key="x")
+        answer = responses.responses.create(
+            model="m",
+            input="Is the sky blue?",
+            max_output_tokens=12,
+            temperature=0,
+            text={"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}},  # type: ignore[typeddict-item]
+        )
+    assert set(json.loads(answer.output_text)) == {"ok"}  # the Responses API's text.format
     value = json.loads(shaped.choices[0].message.content or "")
     assert isinstance(value, dict) and set(value) == {"ok"} and isinstance(value["ok"], bool)
     assert shaped.choices[0].finish_reason == "stop"

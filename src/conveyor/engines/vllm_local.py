@@ -272,11 +272,18 @@ class VLLMEngine:
         """`SampleRequest.top_logprobs` is served up to 20 (vLLM's `SamplingParams.logprobs`)."""
         return 20
 
+    @property
+    def output_formats(self) -> frozenset[str]:
+        """`SampleRequest.output_format` is enforced by vLLM's structured outputs (its grammar
+        backend masks the logits of each step)."""
+        return frozenset({"json_object", "json_schema"})
+
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Generate one completion; the engine's own logprob of every sampled token comes back."""
         from vllm import SamplingParams
 
         params = SamplingParams(
+            structured_outputs=_structured_outputs(request),
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -596,3 +603,16 @@ def _set_result(future: asyncio.Future[T], value: T) -> None:
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def _structured_outputs(request: SampleRequest) -> Any:
+    """vLLM's `StructuredOutputsParams` for the request's output format (None: sample freely),
+    compact like the HF engine's (no free whitespace)."""
+    form = request.output_format
+    if form is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if form.type == "json_schema":
+        return StructuredOutputsParams(json=form.schema_text, disable_any_whitespace=True)
+    return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)

@@ -393,7 +393,16 @@ class Gateway:
                 )
                 record.bump("extra_choices")
             choice, last, history = self._record_choice(
-                record, request, renderer, prompt, normal, fork, result, forced, k, room,
+                record,
+                request,
+                renderer,
+                prompt,
+                normal,
+                fork,
+                result,
+                forced,
+                k,
+                room,
                 masked=form is not None,
             )
             choices.append(choice)
