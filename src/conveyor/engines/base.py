@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,12 +29,31 @@ class OutputFormat(BaseModel):
 
     - `json_object`: any JSON object;
     - `json_schema`: a JSON value valid under `schema_text` (a JSON schema, serialized).
+
+    With `tool_call_open` the reply may instead start with that text (the opening of a tool
+    call in the model's format), after which it is sampled freely: a call is not content.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["json_object", "json_schema"]
     schema_text: str = ""
+    tool_call_open: str = ""
+
+    def json_schema(self) -> str:
+        """The JSON schema the content must follow (`json_object`: any object)."""
+        return self.schema_text if self.type == "json_schema" else '{"type": "object"}'
+
+    def grammar(self) -> Any:
+        """The format as an xgrammar `Grammar`: compact JSON (no free whitespace, which a
+        small model can spend its whole budget on), or the tool-call opening then any text."""
+        import xgrammar
+
+        content = xgrammar.Grammar.from_json_schema(self.json_schema(), any_whitespace=False)
+        if not self.tool_call_open:
+            return content
+        call = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(self.tool_call_open)} [^]*")
+        return xgrammar.Grammar.union(content, call)
 
 
 class SampleRequest(BaseModel):

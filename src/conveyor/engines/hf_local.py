@@ -80,11 +80,7 @@ class HFEngine:
             )
             self._grammar_compiler = xgrammar.GrammarCompiler(info)
         if form not in self._grammars:
-            compiler = self._grammar_compiler
-            # compact JSON (no free whitespace): a small model left free to add whitespace
-            # can spend its whole budget on newlines inside a valid document
-            schema = form.schema_text if form.type == "json_schema" else '{"type": "object"}'
-            self._grammars[form] = compiler.compile_json_schema(schema, any_whitespace=False)
+            self._grammars[form] = self._grammar_compiler.compile_grammar(form.grammar())
         return xgrammar.GrammarMatcher(self._grammars[form])
 
     @property

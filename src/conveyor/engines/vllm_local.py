@@ -606,13 +606,14 @@ def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 
 
 def _structured_outputs(request: SampleRequest) -> Any:
-    """vLLM's `StructuredOutputsParams` for the request's output format (None: sample freely),
-    compact like the HF engine's (no free whitespace)."""
+    """vLLM's `StructuredOutputsParams` for the request's output format (None: sample freely):
+    the same grammar as the HF engine's (`OutputFormat.grammar`), as EBNF for vLLM's xgrammar
+    backend when a tool call may open the reply, else as the JSON schema, compact."""
     form = request.output_format
     if form is None:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
-    if form.type == "json_schema":
-        return StructuredOutputsParams(json=form.schema_text, disable_any_whitespace=True)
-    return StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
+    if form.tool_call_open:
+        return StructuredOutputsParams(grammar=str(form.grammar()))
+    return StructuredOutputsParams(json=form.json_schema(), disable_any_whitespace=True)

@@ -39,7 +39,12 @@ from conveyor.gateway.chat_request import (
     normal_message,
     parse_chat_request,
 )
-from conveyor.gateway.controls import forced_prefix, kept_before_stop, stop_strings
+from conveyor.gateway.controls import (
+    forced_prefix,
+    kept_before_stop,
+    stop_strings,
+    tool_call_open,
+)
 from conveyor.gateway.conversation import advance, internal_messages
 from conveyor.gateway.errors import (
     GatewayError,
@@ -346,6 +351,8 @@ class Gateway:
         forced = renderer.encode(forced_prefix(request, renderer.tool_format))
         if forced:  # a reply opened as a tool call has no content for the format to govern
             form = None
+        elif form is not None and request.tools and request.tool_choice == "auto":
+            form = form.model_copy(update={"tool_call_open": tool_call_open()})
         samples = [
             SampleRequest(
                 prompt_ids=prompt + forced,
