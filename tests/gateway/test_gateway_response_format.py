@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 
 SCHEMA = {
     "type": "object",
@@ -47,6 +48,11 @@ def test_response_format_json_is_enforced_and_recorded_with_loss_mask_0(
         # tools offered (auto): the grammar also lets the reply open a call, as this one does
         calling = ask("call", 6, response_format={"type": "json_object"}, tools=[TOOL])
         free = ask("free", 6)
+        with pytest.raises(openai.BadRequestError) as caught:  # the client's fault, no infra error
+            bad = {"name": "b", "schema": {"type": "nonsense"}}
+            ask("bad", 4, response_format={"type": "json_schema", "json_schema": bad})
+        assert (caught.value.code, caught.value.param) == ("invalid_value", "response_format")
+        assert "nonsense" in caught.value.message
         responses = openai.OpenAI(base_url=f"{url}/rollouts/resp/v1", api_key="x")
         answer = responses.responses.create(
             model="m",

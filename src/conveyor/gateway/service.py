@@ -28,6 +28,7 @@ from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, Sampling
 from conveyor.engines.base import (
     EngineDown,
     EngineError,
+    OutputFormat,
     SampleRequest,
     SampleResult,
     SamplingClient,
@@ -348,6 +349,8 @@ class Gateway:
                 param="response_format",
                 code="unsupported_value",
             )
+        if form is not None:
+            _check_grammar(form)
         forced = renderer.encode(forced_prefix(request, renderer.tool_format))
         if forced:  # a reply opened as a tool call has no content for the format to govern
             form = None
@@ -723,6 +726,20 @@ def _header_text(text: str) -> str:
 def _max_top_logprobs(client: Any) -> int:
     """The most `top_logprobs` the engine reports (0: the sampled token's logprob only)."""
     return client.max_top_logprobs if isinstance(client, TopLogprobs) else 0
+
+
+def _check_grammar(form: OutputFormat) -> None:
+    """A 400 for a schema the grammar library cannot compile: the client's fault, found before
+    the engine (where it would be an engine failure) sees it."""
+    try:
+        form.grammar()
+    except (RuntimeError, ValueError) as exc:
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise bad_request(
+            f"response_format json_schema cannot be enforced: {message}",
+            param="response_format",
+            code="invalid_value",
+        ) from exc
 
 
 def _output_formats(client: Any) -> frozenset[str]:
