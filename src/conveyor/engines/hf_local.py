@@ -80,6 +80,8 @@ class HFEngine:
             )
             self._grammar_compiler = xgrammar.GrammarCompiler(info)
         if form not in self._grammars:
+            if len(self._grammars) >= 64:  # bounded: each client may send its own schemas
+                self._grammars.clear()
             self._grammars[form] = self._grammar_compiler.compile_grammar(form.grammar())
         return xgrammar.GrammarMatcher(self._grammars[form])
 
@@ -131,7 +133,8 @@ class HFEngine:
         if self.eos_token_id is not None:
             stops.add(int(self.eos_token_id))
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
-        matcher = bitmask = None
+        matcher: Any = None
+        bitmask: Any = None
         if request.output_format is not None:
             import xgrammar
 
