@@ -186,11 +186,12 @@ def test_logprobs_are_the_sampled_tokens_and_top_logprobs_refused_without_engine
     assert all(bytes(t.bytes) == t.token.encode() and t.top_logprobs == [] for t in content)
 
 
-def test_response_format_text_is_served_and_json_formats_are_refused(
+def test_response_format_json_is_refused_by_an_engine_without_constrained_decoding(
     tokenizer: Any, make_gw: Any, serve: Any
 ) -> None:
-    """No engine here decodes under a grammar: a JSON format is refused (400, param
-    response_format) in both APIs rather than answered with text that may break it."""
+    """The scripted engine is no `StructuredOutput` (cannot decode under a grammar): a JSON
+    format is refused (400, param response_format) in both APIs rather than answered with text
+    that may break it; text is served. (Enforced formats: test_gateway_response_format.py.)"""
     gateway = make_gw(_scripted(tokenizer, lambda _text: "Plain words."))
     schema = {"name": "word", "schema": {"type": "object"}}
     with serve(gateway) as url:

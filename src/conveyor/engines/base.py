@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +23,39 @@ class EngineDown(EngineError):
     """The engine stopped answering altogether: retrying rollouts cannot help, the run stops."""
 
 
+class OutputFormat(BaseModel):
+    """A format the sampled text must follow, enforced by masking each step's logits to the
+    tokens the grammar allows (OpenAI's `response_format`).
+
+    - `json_object`: any JSON object;
+    - `json_schema`: a JSON value valid under `schema_text` (a JSON schema, serialized).
+
+    With `tool_call_open` the reply may instead start with that text (the opening of a tool
+    call in the model's format), after which it is sampled freely: a call is not content.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["json_object", "json_schema"]
+    schema_text: str = ""
+    tool_call_open: str = ""
+
+    def json_schema(self) -> str:
+        """The JSON schema the content must follow (`json_object`: any object)."""
+        return self.schema_text if self.type == "json_schema" else '{"type": "object"}'
+
+    def grammar(self) -> Any:
+        """The format as an xgrammar `Grammar`: compact JSON (no free whitespace, which a
+        small model can spend its whole budget on), or the tool-call opening then any text."""
+        import xgrammar
+
+        content = xgrammar.Grammar.from_json_schema(self.json_schema(), any_whitespace=False)
+        if not self.tool_call_open:
+            return content
+        call = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(self.tool_call_open)} [^]*")
+        return xgrammar.Grammar.union(content, call)
+
+
 class SampleRequest(BaseModel):
     """One generation request: exact prompt token ids and the sampling settings for this turn."""
 
@@ -37,6 +71,9 @@ class SampleRequest(BaseModel):
     # Also report the `top_logprobs` most likely tokens at each position (engines that can:
     # `TopLogprobs`); 0 = the sampled token's logprob only.
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    # Constrain the sampled text to a grammar (engines that can: `StructuredOutput`); None =
+    # sample freely.
+    output_format: OutputFormat | None = None
 
 
 class SampleResult(BaseModel):
@@ -88,6 +125,16 @@ class TopLogprobs(Protocol):
     @property
     def max_top_logprobs(self) -> int:
         """The largest `SampleRequest.top_logprobs` it serves."""
+        ...
+
+
+@runtime_checkable
+class StructuredOutput(Protocol):
+    """An engine that decodes under a grammar: `SampleRequest.output_format` is enforced."""
+
+    @property
+    def output_formats(self) -> frozenset[str]:
+        """The `OutputFormat.type`s it enforces (empty when its grammar library is missing)."""
         ...
 
 

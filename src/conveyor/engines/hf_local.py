@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.engines.base import (
     EngineError,
+    OutputFormat,
     SampleRequest,
     SampleResult,
     WeightFingerprint,
@@ -50,6 +51,39 @@ class HFEngine:
         self._lock = threading.Lock()
         self._version = 0
         self._in_flight = 0
+        self._model_dir = str(model_dir)
+        self._grammar_compiler: Any = None
+        self._grammars: dict[OutputFormat, Any] = {}
+
+    @property
+    def output_formats(self) -> frozenset[str]:
+        """`SampleRequest.output_format` is enforced with xgrammar (when it is installed): the
+        format's grammar is compiled against the model's tokenizer, and at each step the
+        logits of every token the grammar does not allow next are set to -inf before sampling."""
+        try:
+            import xgrammar  # noqa: F401
+        except ImportError:
+            return frozenset()
+        return frozenset({"json_object", "json_schema"})
+
+    def _matcher(self, form: OutputFormat) -> Any:
+        """A fresh xgrammar matcher for `form` (its grammar compiled once per format)."""
+        import xgrammar
+        from transformers import AutoTokenizer
+
+        if self._grammar_compiler is None:
+            tokenizer = AutoTokenizer.from_pretrained(self._model_dir)
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                tokenizer,
+                vocab_size=self.model.config.vocab_size,
+                stop_token_ids=[int(self.eos_token_id)] if self.eos_token_id is not None else None,
+            )
+            self._grammar_compiler = xgrammar.GrammarCompiler(info)
+        if form not in self._grammars:
+            if len(self._grammars) >= 64:  # bounded: each client may send its own schemas
+                self._grammars.clear()
+            self._grammars[form] = self._grammar_compiler.compile_grammar(form.grammar())
+        return xgrammar.GrammarMatcher(self._grammars[form])
 
     @property
     def max_top_logprobs(self) -> int:
@@ -99,6 +133,13 @@ class HFEngine:
         if self.eos_token_id is not None:
             stops.add(int(self.eos_token_id))
         generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
+        matcher: Any = None
+        bitmask: Any = None
+        if request.output_format is not None:
+            import xgrammar
+
+            matcher = self._matcher(request.output_format)
+            bitmask = xgrammar.allocate_token_bitmask(1, self.model.config.vocab_size)
         ids: list[int] = []
         logprobs: list[float] = []
         top: list[list[tuple[int, float]]] = []
@@ -113,6 +154,13 @@ class HFEngine:
                 out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
                 past = out.past_key_values
                 logits = out.logits[0, -1].float()
+                if matcher is not None:  # only the tokens the format allows next
+                    import xgrammar
+
+                    matcher.fill_next_token_bitmask(bitmask)
+                    logits = logits[None, :].clone()
+                    xgrammar.apply_token_bitmask_inplace(logits, bitmask)
+                    logits = logits[0]
                 if request.temperature > 0:
                     logp = torch.log_softmax(logits / request.temperature, dim=-1)
                     token = int(torch.multinomial(logp.exp(), 1, generator=generator))
@@ -121,6 +169,8 @@ class HFEngine:
                     token = int(torch.argmax(logp))
                 ids.append(token)
                 logprobs.append(float(logp[token]))
+                if matcher is not None and not matcher.accept_token(token):
+                    raise RuntimeError(f"the output grammar refused token {token}")
                 if request.top_logprobs:
                     values, indices = torch.topk(logp, request.top_logprobs)
                     top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])

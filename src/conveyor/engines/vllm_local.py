@@ -272,11 +272,18 @@ class VLLMEngine:
         """`SampleRequest.top_logprobs` is served up to 20 (vLLM's `SamplingParams.logprobs`)."""
         return 20
 
+    @property
+    def output_formats(self) -> frozenset[str]:
+        """`SampleRequest.output_format` is enforced by vLLM's structured outputs (its grammar
+        backend masks the logits of each step)."""
+        return frozenset({"json_object", "json_schema"})
+
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Generate one completion; the engine's own logprob of every sampled token comes back."""
         from vllm import SamplingParams
 
         params = SamplingParams(
+            structured_outputs=_structured_outputs(request),
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -596,3 +603,17 @@ def _set_result(future: asyncio.Future[T], value: T) -> None:
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def _structured_outputs(request: SampleRequest) -> Any:
+    """vLLM's `StructuredOutputsParams` for the request's output format (None: sample freely):
+    the same grammar as the HF engine's (`OutputFormat.grammar`), as EBNF for vLLM's xgrammar
+    backend when a tool call may open the reply, else as the JSON schema, compact."""
+    form = request.output_format
+    if form is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if form.tool_call_open:
+        return StructuredOutputsParams(grammar=str(form.grammar()))
+    return StructuredOutputsParams(json=form.json_schema(), disable_any_whitespace=True)

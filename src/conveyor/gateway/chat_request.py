@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.engines.base import OutputFormat
 from conveyor.gateway.errors import bad_request
 from conveyor.types import Message
 
@@ -46,6 +47,8 @@ class ChatRequest:
     top_logprobs: int = 0
     # Choices sampled for this request (each recorded; see `Gateway._sample`).
     n: int = 1
+    # `response_format` json_object / json_schema (None: text), enforced by the engine.
+    response_format: OutputFormat | None = None
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -95,7 +98,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         )
     if top and not logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
-    _check_response_format(body.get("response_format"))
+    response_format = _response_format(body.get("response_format"))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens <= 0):
         raise bad_request(
@@ -116,29 +119,35 @@ def parse_chat_request(body: Any) -> ChatRequest:
         logprobs=bool(logprobs),
         top_logprobs=int(top or 0),
         n=int(n),
+        response_format=response_format,
     )
 
 
-def _check_response_format(form: Any) -> None:
-    """`response_format`: `{"type": "text"}` (the default) is served; `json_object` and
-    `json_schema` are refused. Neither can be promised here: our engines take prompt ids and
-    return sampled ids, with no constrained (grammar-masked) decoding, and sampling freely while
-    answering as if the format were enforced would hand the agent text that breaks the
-    contract it asked for. A refusal is a 400 the client sees at once (an agent framework then
-    falls back to parsing plain text, or its user drops the setting)."""
+def _response_format(form: Any) -> OutputFormat | None:
+    """`response_format`: `{"type": "text"}` (the default) is None; `json_object` and
+    `json_schema` (`{"json_schema": {"name": ..., "schema": {...}}}`) become the format the
+    engine decodes under (`Gateway._sample` refuses them for an engine that cannot)."""
     if form is None:
-        return
+        return None
     kind = form.get("type") if isinstance(form, dict) else None
     if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise bad_request(
-            f"response_format {kind!r} is not supported: the gateway's engines have no "
-            "constrained decoding, so the format could not be guaranteed; leave "
-            "response_format out (or 'text') and ask for JSON in the prompt",
-            param="response_format",
-            code="unsupported_value",
-        )
+        return None
+    if kind == "json_object":
+        return OutputFormat(type="json_object")
+    if kind == "json_schema":
+        spec = form.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad_request(
+                "response_format json_schema needs 'json_schema': {'name': str, 'schema': {...}}",
+                param="response_format",
+            )
+        if not isinstance(schema, dict):
+            raise bad_request(
+                f"response_format json_schema.schema must be an object, got {schema!r}",
+                param="response_format",
+            )
+        return OutputFormat(type="json_schema", schema_text=json.dumps(schema, sort_keys=True))
     raise bad_request(
         f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema'}}, got {form!r}",
         param="response_format",

@@ -39,6 +39,12 @@ def forced_prefix(request: ChatRequest, tool_format: ToolFormat) -> str:
     return ""
 
 
+def tool_call_open() -> str:
+    """The text a tool call opens with, in every tool format: what a `response_format` grammar
+    lets a reply start with instead of the JSON content when tools are offered (auto)."""
+    return _CALL_OPEN
+
+
 def stop_strings(request: ChatRequest, tool_format: ToolFormat) -> tuple[str, ...]:
     """The request's stop strings, with the opening of a tool call under `tool_choice` none."""
     if request.tool_choice == "none" and not request.named_tool:

@@ -28,9 +28,11 @@ from conveyor.config import AgentConfig, ConveyorConfig, RuntimeConfig, Sampling
 from conveyor.engines.base import (
     EngineDown,
     EngineError,
+    OutputFormat,
     SampleRequest,
     SampleResult,
     SamplingClient,
+    StructuredOutput,
     TopLogprobs,
 )
 from conveyor.gateway.chat_request import (
@@ -38,7 +40,12 @@ from conveyor.gateway.chat_request import (
     normal_message,
     parse_chat_request,
 )
-from conveyor.gateway.controls import forced_prefix, kept_before_stop, stop_strings
+from conveyor.gateway.controls import (
+    forced_prefix,
+    kept_before_stop,
+    stop_strings,
+    tool_call_open,
+)
 from conveyor.gateway.conversation import advance, internal_messages
 from conveyor.gateway.errors import (
     GatewayError,
@@ -332,7 +339,23 @@ class Gateway:
                 param="top_logprobs",
                 code="unsupported_value",
             )
+        form = request.response_format
+        if form is not None and form.type not in _output_formats(self.client):
+            raise bad_request(
+                f"response_format {form.type!r} is not supported by this engine "
+                f"({type(self.client).__name__} has no constrained decoding, so the format "
+                "could not be guaranteed); leave response_format out (or 'text') and ask for "
+                "JSON in the prompt",
+                param="response_format",
+                code="unsupported_value",
+            )
+        if form is not None:
+            _check_grammar(form)
         forced = renderer.encode(forced_prefix(request, renderer.tool_format))
+        if forced:  # a reply opened as a tool call has no content for the format to govern
+            form = None
+        elif form is not None and request.tools and request.tool_choice == "auto":
+            form = form.model_copy(update={"tool_call_open": tool_call_open()})
         samples = [
             SampleRequest(
                 prompt_ids=prompt + forced,
@@ -342,6 +365,7 @@ class Gateway:
                 seed=seed if seed is None or k == 0 else (seed + k) & 0x7FFFFFFF,
                 session_id=record.session,
                 top_logprobs=request.top_logprobs,
+                output_format=form,
             )
             for k in range(request.n)
         ]
@@ -379,7 +403,17 @@ class Gateway:
                 )
                 record.bump("extra_choices")
             choice, last, history = self._record_choice(
-                record, request, renderer, prompt, normal, fork, result, forced, k, room
+                record,
+                request,
+                renderer,
+                prompt,
+                normal,
+                fork,
+                result,
+                forced,
+                k,
+                room,
+                masked=form is not None,
             )
             choices.append(choice)
             forks.append(Fork(history=history, ledger=fork, last=last))
@@ -411,9 +445,15 @@ class Gateway:
         forced: list[int],
         index: int,
         room: int,
+        *,
+        masked: bool = False,
     ) -> tuple[dict[str, Any], LastTurn, list[tuple[Any, ...]]]:
         """Record one sampled choice on `ledger`: its turn, its raw text in the reply index;
-        returns the OpenAI choice, what the outcome depends on and the conversation it ends."""
+        returns the OpenAI choice, what the outcome depends on and the conversation it ends.
+
+        `masked`: the choice was sampled under a `response_format` grammar, so its logprobs are
+        those of the masked distribution, which the trainer (scoring without the mask) cannot
+        reproduce: its tokens are recorded with loss mask 0, like forced tokens."""
         turn_index = len(record.turns)
         sampled, logprobs, finish = (
             list(result.token_ids),
@@ -434,7 +474,7 @@ class Gateway:
                 prompt_ids=list(prompt),
                 completion_ids=forced + sampled,
                 completion_logprobs=[0.0] * len(forced) + logprobs,
-                loss_mask=[0] * len(forced) + [1] * len(sampled),
+                loss_mask=[0] * len(forced) + [0 if masked else 1] * len(sampled),
                 policy_version=result.policy_version,
                 stop_reason=finish,
                 sample_index=ledger.sample_index,
@@ -442,6 +482,8 @@ class Gateway:
         )
         if forced:
             record.bump("forced_tokens", len(forced))
+        if masked:
+            record.bump("constrained_tokens", len(sampled))
         assistant = ledger.add_completion(forced + sampled, stopped_on_eos=stopped)
         schemas = {
             s["function"]["name"]: s["function"].get("parameters", {}) for s in request.tools
@@ -684,6 +726,25 @@ def _header_text(text: str) -> str:
 def _max_top_logprobs(client: Any) -> int:
     """The most `top_logprobs` the engine reports (0: the sampled token's logprob only)."""
     return client.max_top_logprobs if isinstance(client, TopLogprobs) else 0
+
+
+def _check_grammar(form: OutputFormat) -> None:
+    """A 400 for a schema the grammar library cannot compile: the client's fault, found before
+    the engine (where it would be an engine failure) sees it."""
+    try:
+        form.grammar()
+    except (RuntimeError, ValueError) as exc:
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise bad_request(
+            f"response_format json_schema cannot be enforced: {message}",
+            param="response_format",
+            code="invalid_value",
+        ) from exc
+
+
+def _output_formats(client: Any) -> frozenset[str]:
+    """The `response_format` types the engine enforces (none: it has no constrained decoding)."""
+    return client.output_formats if isinstance(client, StructuredOutput) else frozenset()
 
 
 def _append(path: Path, line: str) -> None:
