@@ -111,9 +111,9 @@ class VLLMServerEngine(OpenAICompatibleClient):
         self.server_root = (server_root or self.base_url.removesuffix("/v1")).rstrip("/")
         self.prefix_resets_refused = 0  # syncs after which the server kept its cached prefixes
         self._own_dir: Path | None = None
-        self._sender = WeightSender(
-            host=local_address_towards(self.server_root), bucket_mb=weight_bucket_mb
-        )
+        # its host (this machine's address towards the server) is found when a group opens: a
+        # server name that does not resolve yet must not stop the engine from being built
+        self._sender = WeightSender(bucket_mb=weight_bucket_mb)
         self._group_dtype = ""
 
     @property
@@ -196,6 +196,10 @@ class VLLMServerEngine(OpenAICompatibleClient):
                 f"weight group ({exc}); start it with --worker-extension-cls {WORKER_EXTENSION} "
                 "(conveyor importable there), or set engine.weight_sync to 'auto' or 'safetensors'"
             ) from exc
+        try:
+            self._sender.host = await asyncio.to_thread(local_address_towards, self.server_root)
+        except OSError as exc:
+            raise EngineError(f"no route from this machine to {self.server_root}: {exc}") from exc
         spec = self._sender.open(max(1, workers))
         try:
             _, joined = await asyncio.gather(

@@ -148,8 +148,8 @@ def rg_parity(
 
     import reasoning_gym
 
-    from conveyor.app.benchmarks import RG_SEED, RG_SIZE, rg_split
     from conveyor.tasks.rg import scoring
+    from conveyor.tasks.rg.published import RG_SEED, RG_SIZE, rg_split
 
     names = list(datasets) if datasets is not None else rg_split()[0]
     say(f"rg parity: {len(names)} datasets, {entries} entries each")
