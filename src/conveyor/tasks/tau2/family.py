@@ -94,6 +94,17 @@ class UserEndpoint(BaseModel):
     temperature: float = Field(default=0.0, ge=0, description="Sampling temperature.")
     max_tokens: int = Field(default=1024, gt=0, description="Longest customer reply, in tokens.")
 
+    def client(self) -> EndpointChatClient:
+        """A chat client of this endpoint (the customer's, or the judge's)."""
+        return EndpointChatClient(
+            self.base_url,
+            self.model,
+            api_key_env=self.api_key_env,
+            timeout_s=self.timeout_s,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+        )
+
 
 class JudgeEndpoint(UserEndpoint):
     """`tasks.options.tau2.judge`: the model judging natural-language assertions, on an
@@ -440,14 +451,7 @@ class Tau2Family:
         first use."""
         if self._user is None and self.options.user is not None:
             endpoint = self.options.user
-            self._user = EndpointChatClient(
-                endpoint.base_url,
-                endpoint.model,
-                api_key_env=endpoint.api_key_env,
-                timeout_s=endpoint.timeout_s,
-                temperature=endpoint.temperature,
-                max_tokens=endpoint.max_tokens,
-            )
+            self._user = endpoint.client()
         if self._user is None:
             if self.services.user is None:
                 raise RuntimeFailure(
@@ -544,14 +548,7 @@ class Tau2Family:
         if endpoint is None:
             raise RuntimeFailure("tau2: a task with NL assertions needs tasks.options.tau2.judge")
         if self._judge is None:
-            self._judge = EndpointChatClient(
-                endpoint.base_url,
-                endpoint.model,
-                api_key_env=endpoint.api_key_env,
-                timeout_s=endpoint.timeout_s,
-                temperature=endpoint.temperature,
-                max_tokens=endpoint.max_tokens,
-            )
+            self._judge = endpoint.client()
         return self._judge
 
     async def judge_assertions(self, assertions: list[str], transcript: str) -> list[bool]:
