@@ -469,6 +469,46 @@ def _check_test_patch(row: SweRow, template: Path) -> None:
             ) from exc
 
 
+async def apply_patches(
+    row: SweRow,
+    patch: str,
+    workspace: Path,
+    template: Path,
+    rules: Any,
+    base: dict[str, Any],
+    start: float,
+) -> GradeReport | None:
+    """Apply `patch`, restore what the task protects (`base["dropped_paths"]` says what was
+    dropped), then the hidden test patch, in `workspace`: None when both applied, else the
+    unresolved report that says which did not (shared by both graders)."""
+    failed = {"f2p_passed": 0, "p2p_passed": 0, **base, "resolved": False}
+    try:
+        await run_in_pool("reward", apply_patch, workspace, patch)
+    except PatchError as exc:
+        return GradeReport(
+            **failed,
+            seconds=time.monotonic() - start,
+            patch_applied=False,
+            error=f"patch did not apply: {exc}",
+        )
+    # What the patch did is read from the tree git wrote, so git and the guard agree.
+    base["dropped_paths"] = await run_in_pool(
+        "reward", guards.restore_protected, workspace, template, rules
+    )
+    try:
+        await run_in_pool("reward", apply_patch, workspace, row.test_patch)
+    except PatchError:
+        # Broken task, or (for a test patch touching library files) the policy's edit: the
+        # pristine starting state tells which.
+        await run_in_pool("reward", _check_test_patch, row, template)
+        return GradeReport(
+            **{**failed, "dropped_paths": base["dropped_paths"]},
+            seconds=time.monotonic() - start,
+            error="the hidden test patch does not apply over this patch",
+        )
+    return None
+
+
 async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) -> GradeReport:
     """Grade `patch` (a diff against the row's starting state) from scratch; see module doc."""
     options = options or GradingOptions()
@@ -487,36 +527,9 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
     base |= dict(p2p_total=len(row.PASS_TO_PASS))
     workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
     try:
-        try:
-            await run_in_pool("reward", apply_patch, workspace.path, patch)
-        except PatchError as exc:
-            return GradeReport(
-                **base,
-                resolved=False,
-                f2p_passed=0,
-                p2p_passed=0,
-                seconds=time.monotonic() - start,
-                patch_applied=False,
-                error=f"patch did not apply: {exc}",
-            )
-        # What the patch did is read from the tree git wrote, so git and the guard agree.
-        base["dropped_paths"] = await run_in_pool(
-            "reward", guards.restore_protected, workspace.path, template, rules
-        )
-        try:
-            await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
-        except PatchError:
-            # Broken task, or (for a test patch touching library files) the policy's edit: the
-            # pristine starting state tells which.
-            await run_in_pool("reward", _check_test_patch, row, template)
-            return GradeReport(
-                **base,
-                resolved=False,
-                f2p_passed=0,
-                p2p_passed=0,
-                seconds=time.monotonic() - start,
-                error="the hidden test patch does not apply over this patch",
-            )
+        refused = await apply_patches(row, patch, workspace.path, template, rules, base, start)
+        if refused is not None:
+            return refused
         found = await canaries.row_canaries(row, options)
         await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
         run = await run_row_tests(

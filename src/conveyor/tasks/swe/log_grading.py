@@ -29,11 +29,10 @@ from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SandboxLimits
 from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
-from conveyor.tasks.swe import canaries, guards
+from conveyor.tasks.swe import canaries
 from conveyor.tasks.swe.dataset import SweRow
 from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.options import GradingOptions
-from conveyor.tasks.swe.patches import PatchError, apply_patch
 from conveyor.tasks.swe.swebench_spec import (
     OUTCOME_OF_STATUS,
     PYTEST_PARSERS,
@@ -87,7 +86,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     """Grade `patch` for `row` from its test log (see the module doc); a `GradeReport`."""
     from conveyor.tasks.swe.grading import (
         GradeReport,
-        _check_test_patch,
+        apply_patches,
         row_environment,
         row_template,
         task_protection_rules,
@@ -104,30 +103,9 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     base |= dict(p2p_total=len(row.PASS_TO_PASS), f2p_passed=0, p2p_passed=0)
     workspace = await run_in_pool("reward", make_workspace, template, swe_home() / "workspaces")
     try:
-        try:
-            await run_in_pool("reward", apply_patch, workspace.path, patch)
-        except PatchError as exc:
-            seconds = time.monotonic() - start
-            return GradeReport(
-                **base,
-                resolved=False,
-                seconds=seconds,
-                patch_applied=False,
-                error=f"patch did not apply: {exc}",
-            )
-        base["dropped_paths"] = await run_in_pool(
-            "reward", guards.restore_protected, workspace.path, template, rules
-        )
-        try:
-            await run_in_pool("reward", apply_patch, workspace.path, row.test_patch)
-        except PatchError:
-            await run_in_pool("reward", _check_test_patch, row, template)
-            return GradeReport(
-                **base,
-                resolved=False,
-                seconds=time.monotonic() - start,
-                error="the hidden test patch does not apply over this patch",
-            )
+        refused = await apply_patches(row, patch, workspace.path, template, rules, base, start)
+        if refused is not None:
+            return refused
         found = await canaries.row_canaries(row, options) if pytest_ids else []
         found = await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
         log, timed_out = await run_logged(row, workspace.path, options)
