@@ -1,9 +1,10 @@
 """Training through a real vLLM server: two RL steps of the built-in trainer, each synced to a
 dev-mode server (`VLLM_SERVER_DEV_MODE=1`) and to in-process vLLM; after each sync both serve the
 same function (same greedy ids, logprobs within 1e-3) and the checked sync's fingerprint passes.
-Each engine takes every version by both weight-sync paths, the safetensors fallback first and
-then the collective broadcast (`conveyor.engines.weight_group`): greedy outputs and fingerprints
-of the two are equal exactly (float32 weights either way, bit-identical).
+Each engine takes every version by both weight-sync paths, the collective broadcast first
+(`conveyor.engines.weight_group`) and then the safetensors fallback: fingerprints of the two are
+equal exactly (float32 weights either way, bit-identical) and so are the greedy ids; their
+logprobs agree to 1e-5 (batching of concurrent requests moves the last float32 bits).
 
 Everything is real: the embedded model, a `python -m vllm.entrypoints.openai.api_server`
 subprocess, the in-process `VLLMEngine`, `TorchTrainingEngine` steps on the server's samples.
@@ -104,7 +105,15 @@ def test_two_rl_steps_synced_to_a_dev_mode_server_serve_what_in_process_vllm_ser
             served.append((await engine.weight_fingerprint(probe), await _greedy(engine, prompts)))
         (by_group, group_answers), (by_file, file_answers) = served
         assert by_group == by_file  # digests (in-process) and probe logprobs, exactly
-        assert [r.model_dump() for r in group_answers] == [r.model_dump() for r in file_answers]
+        # Same weights (the fingerprints above are equal exactly), so the same greedy ids; the
+        # answers' logprobs may differ in the last float32 bits because three concurrent
+        # requests are not always batched the same way (CI saw 1.2e-7), so compare them to 1e-5.
+        for by_g, by_f in zip(group_answers, file_answers, strict=True):
+            assert by_g.token_ids == by_f.token_ids
+            assert by_g.policy_version == by_f.policy_version
+            assert by_g.finish_reason == by_f.finish_reason
+            worst = max(abs(a - b) for a, b in zip(by_g.logprobs, by_f.logprobs, strict=True))
+            assert worst <= 1e-5, worst
         return group_answers
 
     async def go() -> list[list[list[int]]]:
