@@ -234,8 +234,11 @@ def test_the_pids_limit_holds_and_a_fork_bomb_is_the_command_s_own_timeout(
 
     quick, bomb, left, after = run(scenario())
     # The policy's own mess, whatever its exit status (under load bash's own forks may fail and
-    # exit non-zero): a command's result, neither a timeout nor a runtime failure (that raises).
-    assert not quick.timed_out
+    # exit non-zero): a command's result, not a runtime failure (that raises). The classic bomb
+    # usually returns at once, but bash retries a fork refused with EAGAIN, backing off, so on a
+    # loaded machine it can also run into its own time limit (seen in a test run): either is the
+    # command's own result.
+    assert quick.timed_out == (quick.exit_code == 124)
     assert bomb.timed_out and bomb.exit_code == 124
     # The bomb's processes are gone with it: the keeper, its sleep and the listing remain.
     assert int(left.stdout) < 10, left
