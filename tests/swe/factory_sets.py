@@ -5,6 +5,7 @@ as a run grades it."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,20 +17,28 @@ from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.family import SweFamily
 from conveyor.types import ToolCall, Trajectory
 
+DEFAULT_SIZE = 2  # rows built per project, whatever the first asker wants
+
 
 def factory_rows(name: str, version: str, size: int = 2) -> list[SweRow]:
     """`size` factory mutation tasks of a project release, cached under the SWE home's
-    `test-sets/` (minutes the first time)."""
+    `test-sets/` (minutes the first time). Every SWE test file takes its rows from here, under
+    a lock between processes: two test workers asking for the same project build it once (each
+    used to build it, and a file asking for fewer rows overwrote the cache of one asking for
+    more, so the next asker built it again)."""
     path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
-    if path.exists() and len(rows := load_rows(path)) >= size:
-        return rows[:size]
-    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.tasks.swe.projects import spec_for
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists() and len(rows := load_rows(path)) >= size:
+            return rows[:size]
+        from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
+        from conveyor.tasks.swe.projects import spec_for
 
-    ctx = prepare_project(spec_for(name), version)
-    rows = asyncio.run(build_mutation_tasks(ctx, size))
-    write_rows(path, rows)
-    return rows[:size]
+        ctx = prepare_project(spec_for(name), version)
+        rows = asyncio.run(build_mutation_tasks(ctx, max(size, DEFAULT_SIZE)))
+        write_rows(path, rows)
+        return rows[:size]
 
 
 def reward_stages(family: SweFamily, rollout_timeout_s: float = 120) -> AgentStages:

@@ -19,14 +19,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from factory_sets import factory_rows
 from tiny_project import CALC, buggy_calc, tiny_row
 from typer.testing import CliRunner
 
 from conveyor.runtime.bubblewrap import bubblewrap_available
 from conveyor.tasks.swe import guards
 from conveyor.tasks.swe.cli import tasks_app
-from conveyor.tasks.swe.dataset import SweRow, load_rows, write_rows
-from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.dataset import SweRow
 from conveyor.tasks.swe.grading import GradeReport, grade
 from conveyor.tasks.swe.guards import protection_rules, restore_protected
 from conveyor.tasks.swe.patches import apply_patch, file_diff, tree_diff
@@ -241,20 +241,6 @@ def test_patch_parsing_attacks_score_zero_through_the_cli(tmp_path: Path, attack
     row = tiny_row(f"tinycalc__cli_{attack}")
     summary = _cli_grade(tmp_path, row, ATTACKS[attack](forcing_conftest(row.FAIL_TO_PASS)))
     assert summary["resolved"] is False and summary["f2p_passed"] == 0
-
-
-def factory_rows(name: str, version: str, count: int = 1) -> list[SweRow]:
-    """`count` factory-built rows of a project (cached under the SWE home's `test-sets`, the
-    cache `test_swe_installed_projects` shares)."""
-    path = swe_home() / "test-sets" / f"{name}-{version}.jsonl"
-    if path.exists() and len(rows := load_rows(path)) >= count:
-        return rows[:count]
-    from conveyor.tasks.swe.factory import build_mutation_tasks, prepare_project
-    from conveyor.tasks.swe.projects import spec_for
-
-    rows = asyncio.run(build_mutation_tasks(prepare_project(spec_for(name), version), count))
-    write_rows(path, rows)
-    return rows
 
 
 @pytest.mark.slow
