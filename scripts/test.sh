@@ -3,6 +3,10 @@
 # Fast tests only, for development: .venv/bin/python -m pytest -m "not slow"
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Byte-code caches on: a machine that sets PYTHONDONTWRITEBYTECODE (ours do) otherwise compiles
+# Conveyor's sources in every `conveyor` subprocess the tests start, and pytest rewrites every
+# test module's asserts again in each parallel worker it starts (the sandboxes set their own).
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/bootstrap.sh
 # mypy (single-threaded, ~3.5 min without a cache) runs beside everything else at the lowest CPU
 # priority: first beside the bridge venvs' installs (mostly downloads and disk), then on the
