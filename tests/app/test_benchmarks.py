@@ -173,14 +173,23 @@ def test_bfcl_accuracy_by_category_and_tau2_pass_hat_k() -> None:
     ]
     scores = benchmarks.bfcl_metric(rollouts, tasks)["scores"]
     assert scores == {"overall": 0.75, "by_category": {"base": 0.5, "miss_func": 1.0}}
-    tau = [Task(id=f"t{i}", family="tau2", prompt=[], data={}) for i in range(2)]
+    tau = [
+        Task(id=f"t{i}", family="tau2", prompt=[], data={"domain": d})
+        for i, d in enumerate(["airline", "retail"])
+    ]
     tries = [_rollout("t0", j, 1.0, Status.OK) for j in range(4)] + [
         _rollout("t1", j, 1.0 if j < 2 else 0.0, Status.OK) for j in range(4)
     ]
     tries.append(_rollout("t1", 4, None, Status.INFRA_ERROR))  # unscored, not a failure
     got = benchmarks.tau2_metric(tries, tau)["scores"]
+    by_domain = got.pop("by_domain")
     assert got == pytest.approx(
         {"pass^1": 0.75, "pass^2": (1 + 1 / 6) / 2, "pass^3": 0.5, "pass^4": 0.5}
+    )
+    # per domain, as tau2-bench's leaderboard reports them
+    assert by_domain["airline"] == {"pass^1": 1.0, "pass^2": 1.0, "pass^3": 1.0, "pass^4": 1.0}
+    assert by_domain["retail"] == pytest.approx(
+        {"pass^1": 0.5, "pass^2": 1 / 6, "pass^3": 0.0, "pass^4": 0.0}
     )
 
 

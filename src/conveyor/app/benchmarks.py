@@ -160,19 +160,29 @@ def _tau2_tasks(family: Any, limit: int | None) -> list[Task]:
     return [family._task(source, "test", index) for index, source in enumerate(served)]
 
 
-def tau2_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
-    """tau2-bench's pass^k for k = 1 .. the samples per task: per task C(c, k)/C(n, k), the
-    mean over tasks with at least k scored tries (`reports.pass_hat_k`)."""
-    groups = _scored_groups(trajectories, tasks)
-    most = max((len(g) for g in groups.values()), default=0)
-    scores: dict[str, Any] = {}
+def _pass_hat(groups: Sequence[list[Trajectory]]) -> dict[str, float]:
+    """pass^k for k = 1 .. the most tries of a group: per group C(c, k)/C(n, k), the mean over
+    the groups with at least k scored tries (tau2-bench's `reports.pass_hat_k`)."""
+    most = max((len(g) for g in groups), default=0)
+    scores: dict[str, float] = {}
     for k in range(1, most + 1):
         values = [
-            pass_hat_k(len(g), sum(1 for t in g if t.solved), k)
-            for g in groups.values()
-            if len(g) >= k
+            pass_hat_k(len(g), sum(1 for t in g if t.solved), k) for g in groups if len(g) >= k
         ]
         scores[f"pass^{k}"] = sum(values) / len(values)
+    return scores
+
+
+def tau2_metric(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, Any]:
+    """tau2-bench's pass^k for k = 1 .. the samples per task, over all tasks and (as its
+    leaderboard reports them) per domain under `by_domain`."""
+    groups = _scored_groups(trajectories, tasks)
+    domain_of = {t.id: str(t.data.get("domain", "")) for t in tasks}
+    scores: dict[str, Any] = _pass_hat(list(groups.values()))
+    per: dict[str, list[list[Trajectory]]] = defaultdict(list)
+    for task_id, group in groups.items():
+        per[domain_of[task_id]].append(group)
+    scores["by_domain"] = {domain: _pass_hat(per[domain]) for domain in sorted(per)}
     return {"scores": scores, "headline": scores.get("pass^1"), "headline_name": "pass^1"}
 
 
