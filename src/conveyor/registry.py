@@ -364,7 +364,7 @@ STRATEGIES: Registry[StrategySpec] = Registry(
 ADVANTAGES: Registry[AdvantageSpec] = Registry(
     "advantage estimator",
     AdvantageSpec,
-    _same_module("conveyor.trainer.advantages", "grpo", "rloo", "reinforce_pp"),
+    _same_module("conveyor.trainer.advantages", "grpo", "rloo", "reinforce_pp", "fixed_baseline"),
 )
 LOSSES: Registry[LossSpec] = Registry(
     "policy loss", LossSpec, {"ppo_clip": "conveyor.trainer.policy_losses"}

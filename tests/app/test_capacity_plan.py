@@ -51,6 +51,20 @@ def test_the_one_node_recipe_fits_eight_80gb_gpus() -> None:
     assert report["trainer"]["shards"] == 6
 
 
+def test_the_scale_twin_is_planned_from_the_tiny_qwen3_shape_without_building_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_CACHE", str(tmp_path))  # nothing built here
+    twin = Path(__file__).resolve().parents[2] / "configs/scale-twin.yaml"
+    code, _, report = plan(
+        str(twin), "--nodes", "1", "--gpus-per-node", "4", "--gpu-memory-gib", "80", "--json"
+    )
+    assert code == 0 and report is not None and report["fits"] is True
+    assert report["model"]["architecture"] == "builtin:tiny-qwen3"
+    assert report["trainer"]["devices"] == [0, 1] and report["engine"]["devices"] == [2, 3]
+    assert not any(tmp_path.iterdir())
+
+
 def test_trainer_fsdp_ranks_sets_the_trainers_devices_and_is_refused_past_the_free_ones() -> None:
     hardware = ["--nodes", "1", "--gpus-per-node", "8", "--gpu-memory-gib", "80", "--json"]
     code, _, report = plan(str(SWE_GPU), "--set", "trainer.fsdp_ranks=4", *hardware)

@@ -86,6 +86,12 @@ def test_reinforce_pp_uses_the_batch_not_the_group() -> None:
     assert get_advantage("reinforce_pp")([[2.0], [2.0]]) == [[0.0], [0.0]]
 
 
+def test_fixed_baseline_subtracts_a_constant_so_equal_rewards_still_train() -> None:
+    out = get_advantage("fixed_baseline", baseline=0.5)([[0.0, 0.0], [1.0], []])
+    assert out == [[-0.5, -0.5], [0.5], []]
+    assert get_advantage("fixed_baseline")([[0.25, 1.0]]) == [[0.25, 1.0]]
+
+
 def test_split_trajectory_counts_once_in_baseline_and_advantage_reaches_each_sample() -> None:
     split = trajectory(1.0, samples=2, index=0)
     single = trajectory(0.0, samples=1, index=1)

@@ -95,9 +95,12 @@ def test_two_rank_fsdp_step_equals_a_single_process_step(tmp_path: Path) -> None
 # float32: under bf16 autocast (dtype auto on a CPU with AVX512-BF16) the layouts round
 # differently (grad norms 4e-5 apart on one process already)
 FLOAT32: dict[str, Any] = {**SETTINGS, "dtype": "float32"}
+# Packing and chunked logits together on two data-parallel ranks. Each alone under FSDP is no
+# longer a case of its own (two rank spawns, ~30 s of CI): each alone equals the padded
+# whole-logits step in one process (test_engine_layouts.py), this case runs both under FSDP at
+# dp 2, and the scale twin (tests/app/test_scale_twin.py) both with context parallel 2 through
+# `conveyor train`.
 LAYOUTS: dict[str, dict[str, Any]] = {
-    "packed": {"packing": True},
-    "chunked": {"logits_chunk_tokens": 6},
     "packed_chunked": {"packing": True, "logits_chunk_tokens": 6},
 }
 

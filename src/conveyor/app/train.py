@@ -651,6 +651,10 @@ def write_summary(run: Run, records: Sequence[StepRecord], share: dict[str, Any]
     if isinstance(client, RoutedEngine):
         # requests, sessions and moved sessions per replica: where the load went
         summary["engine_replicas"] = client.routing_summary()
+        summary["weight_sync"] = [r["weight_sync"] for r in summary["engine_replicas"]["replicas"]]
+    else:
+        # how the last weight sync reached the engine ('collective', 'safetensors', 'direct')
+        summary["weight_sync"] = [str(getattr(client, "weight_sync_used", ""))]
     _write(run.dir / "summary.json", summary)
 
 

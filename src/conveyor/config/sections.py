@@ -38,7 +38,9 @@ class ModelConfig(Section):
     path: str | None = Field(
         default=None,
         description="Local Hugging Face model folder. None means the embedded default "
-        "SmolLM2-135M-Instruct prepared by `conveyor models prepare`.",
+        "SmolLM2-135M-Instruct prepared by `conveyor models prepare`; 'builtin:tiny-qwen3' a "
+        "tiny random-initialised Qwen3-architecture model with the embedded tokenizer, built "
+        "in the user cache on first use (configs/scale-twin.yaml; docs/scale.md).",
     )
     chat_template: str | None = Field(
         default=None,

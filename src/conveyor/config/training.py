@@ -373,7 +373,8 @@ class RLConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=default_part(ADVANTAGES, "rl.advantage", "grpo"),
         description="Advantage estimator, {name, options} or a name: grpo (options: "
-        "scale_by_std, eps), rloo, reinforce_pp, or one registered by a plugin.",
+        "scale_by_std, eps), rloo, reinforce_pp, fixed_baseline (options: baseline), or one "
+        "registered by a plugin.",
     )
     export_final: bool = Field(default=True, description="Write the final model as a HF folder.")
     warm_start: WarmStartConfig = Field(

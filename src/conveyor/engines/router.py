@@ -95,6 +95,8 @@ class Replica:
             "sessions": self.sessions,
             "moved_in": self.moved_in,
             "down": self.down,
+            # how the last weight sync reached it ('collective', 'safetensors'; '' before any)
+            "weight_sync": str(getattr(self.client, "weight_sync_used", "")),
         }
 
 

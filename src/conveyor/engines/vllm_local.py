@@ -149,6 +149,9 @@ class VLLMEngine:
             if weight_sync == "auto"
             else weight_sync
         )
+        # how the last update reached the workers: 'collective', 'direct' (the tensors handed
+        # to vLLM's loader in this process), '' before any; in the run's summary.json
+        self.weight_sync_used = ""
         self._sender = WeightSender(
             backend="nccl" if torch.cuda.is_available() else "gloo", bucket_mb=weight_bucket_mb
         )
@@ -359,7 +362,9 @@ class VLLMEngine:
         dispatcher drains the run stage first when it wants strictly on-policy samples.
         """
         if self.weight_sync == "collective":
-            return await self._collective_update(weights, version)
+            seconds_collective = await self._collective_update(weights, version)
+            self.weight_sync_used = "collective"
+            return seconds_collective
 
         def apply() -> float:
             start = time.perf_counter()
@@ -369,6 +374,7 @@ class VLLMEngine:
             return time.perf_counter() - start
 
         seconds: float = await self._call(apply)
+        self.weight_sync_used = "direct"
         return seconds
 
     def _after_update(self, version: int | None) -> None:

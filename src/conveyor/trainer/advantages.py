@@ -156,6 +156,32 @@ class ReinforcePP:
         return out
 
 
+class FixedBaselineOptions(BaseModel):
+    """`rl.advantage.options` of `fixed_baseline`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    baseline: float = Field(default=0.0, description="Subtracted from every reward.")
+
+
+@register_advantage("fixed_baseline", FixedBaselineOptions)
+@dataclass(frozen=True)
+class FixedBaseline:
+    """Plain REINFORCE with a constant baseline: `r - baseline` for every trajectory.
+
+    No group or batch statistics: a step whose rewards are all equal still gets a nonzero update
+    when they differ from the baseline. configs/scale-twin.yaml uses it so that a random model,
+    which earns 0 everywhere, still trains (every sampled token pushed down by the same amount).
+    """
+
+    name: ClassVar[str]
+    baseline: float = 0.0
+
+    def __call__(self, rewards: GroupRewards) -> GroupAdvantages:
+        """Advantages in the nesting of `rewards`; see the class docstring."""
+        return [[float(r) - self.baseline for r in group] for group in rewards]
+
+
 def group_rewards(groups: Sequence[TrajectoryGroup]) -> list[list[float]]:
     """The rewards of every trajectory, group by group; a missing reward is an error, never 0."""
     out: list[list[float]] = []
