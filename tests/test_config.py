@@ -513,9 +513,9 @@ def test_an_old_part_key_in_a_file_names_its_new_place(tmp_path: Path, text: str
 
 
 def test_a_part_is_a_name_or_name_and_options_and_its_options_are_its_own() -> None:
-    plain = load_config(None, ["rl.advantage=rloo", "trainer.loss.options.kl_coef=0.25"]).config
+    plain = load_config(None, ["rl.advantage=rloo", "trainer.loss.options.clip_high=0.28"]).config
     assert (plain.rl.advantage.name, plain.trainer.loss.name) == ("rloo", "ppo_clip")
-    assert plain.trainer.loss.options == LossConfig(kl_coef=0.25)
+    assert plain.trainer.loss.options == LossConfig(clip_high=0.28)
     grpo = load_config(None, ["rl.advantage.options.scale_by_std=false"]).config
     assert grpo.rl.advantage.name == "grpo" and not grpo.rl.advantage.options.scale_by_std
     # the config file a run records reads back into the same config
@@ -524,6 +524,13 @@ def test_a_part_is_a_name_or_name_and_options_and_its_options_are_its_own() -> N
         load_config(None, ["rl.advantage=rloo", "rl.advantage.options.scale_by_std=false"])
     with pytest.raises(ConfigError, match=r"rl\.advantage\.options\.eps: .*greater than"):
         load_config(None, ["rl.advantage.options.eps=-1.0"])
+
+
+def test_a_kl_term_without_a_reference_policy_is_refused_at_load() -> None:
+    """No loop computes reference logprobs, so `kl_coef` > 0 used to fail at the first training
+    step ("no ref_logprobs were given"); it is refused with the key and the fix."""
+    with pytest.raises(ConfigError, match=r"trainer\.loss\.options\.kl_coef \(0\.1\).*set it to 0"):
+        load_config(REPO / "configs" / "quickstart.yaml", ["trainer.loss.options.kl_coef=0.1"])
 
 
 class _Unbuildable:

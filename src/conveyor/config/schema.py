@@ -75,6 +75,7 @@ class ConveyorConfig(Section):
             *_budget_problems(self),
             *_runtime_problems(self),
             *_cluster_problems(self),
+            *_loss_problems(self),
         ]
         if problems:
             raise ValueError(
@@ -114,6 +115,20 @@ def _budget_problems(config: "ConveyorConfig") -> list[str]:
                 "caused would end as an infrastructure error, retried and never scored"
             )
     return problems
+
+
+def _loss_problems(config: "ConveyorConfig") -> list[str]:
+    """A KL-to-reference term needs a reference policy's logprobs of every sampled token, and
+    no loop of Conveyor computes them (it keeps no reference model): refused here, not at the
+    first training step."""
+    kl_coef = getattr(config.trainer.loss.options, "kl_coef", 0.0)
+    if not kl_coef:
+        return []
+    return [
+        f"trainer.loss.options.kl_coef ({kl_coef:g}) weights a KL term to a reference policy, "
+        "whose logprobs no Conveyor loop computes (no reference model is kept): set it to 0 "
+        "(the default; DAPO and Dr. GRPO train without it)"
+    ]
 
 
 def _runtime_problems(config: "ConveyorConfig") -> list[str]:

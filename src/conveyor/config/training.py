@@ -48,7 +48,12 @@ class LossConfig(Section):
         "min(exp(trainer_old - behaviour), tis_cap), for off-policy (async) data.",
     )
     tis_cap: float | None = Field(default=2.0, gt=0, description="TIS weight cap; null: uncapped.")
-    kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference weight.")
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="KL-to-reference weight; a run refuses > 0 (no loop computes reference "
+        "logprobs yet), for callers of policy_loss that pass ref_logprobs.",
+    )
     kl_estimator: KLEstimatorName = Field(default="k3", description="KL estimator.")
 
 
