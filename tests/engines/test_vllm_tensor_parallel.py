@@ -11,24 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from conveyor.engines.base import EngineError, SampleRequest
-
-
-def save_tiny_qwen3(folder: Path, model_dir: Path) -> Path:
-    """gpu_check's 'small' Qwen3 shape (seeded), saved with the embedded model's tokenizer."""
-    from conveyor.trainer.gpu_check import build_model
-
-    build_model("small", torch.device("cpu"), torch.float32).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (model_dir / name).is_file():
-            shutil.copy(model_dir / name, folder / name)
-    return folder
 
 
 def test_cpu_tensor_parallel_is_refused_before_loading_when_ranks_cannot_run(
@@ -59,14 +47,15 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
 ) -> None:
     from conveyor.config import TrainerConfig
     from conveyor.engines.vllm_local import VLLMEngine
+    from conveyor.trainer import gpu_check
     from conveyor.trainer.backend import TrainBatch
     from conveyor.trainer.engine import TorchTrainingEngine
-    from conveyor.types import TrainingSample
     from conveyor.trainer.weight_sync import checked_sync
+    from conveyor.types import TrainingSample
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    folder = save_tiny_qwen3(tmp_path / "tiny-qwen3", model_dir)
+    folder = gpu_check.save_tiny_qwen3(tmp_path / "tiny-qwen3", model_dir)
     prompt = [11, 22, 33, 44, 55, 66]
     probe = list(range(100, 140))
     trainer = TorchTrainingEngine(
