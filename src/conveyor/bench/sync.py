@@ -93,7 +93,7 @@ def run_sync_bench(
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     # a fixed sequence within the model's vocabulary (a tiny model may borrow a bigger tokenizer)
     probe = [i % vocab for i in probe_ids(load_tokenizer(model_dir))]
-    paths = PATHS
+    paths: tuple[str, ...] = PATHS
     kind = "vllm server (dev mode, worker extension)"
     if tensor_parallel > 1:
         from conveyor.engines.vllm_local import VLLMEngine

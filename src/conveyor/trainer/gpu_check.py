@@ -125,7 +125,8 @@ def save_tiny_qwen3(folder: Path, tokenizer_dir: Path | None = None, shape: str 
     supports head_dim 64, not 16, and the heads split evenly over two ranks."""
     import shutil
 
-    build_model(shape, torch.device("cpu"), torch.float32).save_pretrained(folder)
+    model: Any = build_model(shape, torch.device("cpu"), torch.float32)
+    model.save_pretrained(folder)
     if tokenizer_dir is not None:
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (tokenizer_dir / name).is_file():
