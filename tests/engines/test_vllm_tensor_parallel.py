@@ -121,3 +121,19 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
     expected = reference.gather(1, torch.tensor(ids_after)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(lp_after), expected, atol=1e-4)
     assert (ids_after, lp_after) != (ids_before, lp_before)
+
+
+def test_a_tensor_parallel_fingerprint_keeps_what_every_rank_holds_whole() -> None:
+    from conveyor.engines.base import readable_fingerprint
+    from conveyor.engines.vllm_local import replicated_fingerprint
+
+    norm = torch.arange(4.0)
+    embed = torch.arange(16.0).reshape(4, 4)
+    ranks = [  # the vocabulary-parallel embedding: each rank holds its half of the rows
+        readable_fingerprint([("model.norm.weight", norm), ("embed_tokens.weight", part)], 0)
+        for part in embed.chunk(2)
+    ]
+    merged = replicated_fingerprint(ranks, 7)
+    assert merged.policy_version == 7
+    assert merged.digests == {"model.norm.weight": ranks[0].digests["model.norm.weight"]}
+    assert merged.shapes == {"model.norm.weight": [4]}
