@@ -226,7 +226,7 @@ def test_train_with_a_faked_gpu_refuses_a_config_that_cannot_fit_before_the_run_
     assert not run.exists()
 
 
-def test_tensor_parallel_size_is_a_key_passed_to_vllm_and_refused_on_cpu() -> None:
+def test_tensor_parallel_size_is_a_key_passed_to_vllm_and_refused_on_cpu_replica_servers() -> None:
     from conveyor.engines.base import EngineError
     from conveyor.engines.factory import vllm_options
     from conveyor.engines.memory import check_tensor_parallel
@@ -251,16 +251,3 @@ def test_tensor_parallel_size_is_a_key_passed_to_vllm_and_refused_on_cpu() -> No
     with pytest.raises(EngineError, match=r"engine\.tensor_parallel_size=2"):
         check_tensor_parallel(2, gpu=False)
     check_tensor_parallel(1, gpu=False)
-
-
-def test_the_in_process_engine_refuses_tensor_parallel_on_cpu_before_loading() -> None:
-    pytest.importorskip("torch")
-    import torch
-
-    from conveyor.engines.base import EngineError
-    from conveyor.engines.vllm_local import VLLMEngine
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU")
-    with pytest.raises(EngineError, match=r"set engine\.tensor_parallel_size=1"):
-        VLLMEngine("/nonexistent/model", tensor_parallel_size=2)

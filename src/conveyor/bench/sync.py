@@ -12,6 +12,10 @@ training runs, which catches a wrong or half-loaded model; the weights are the s
 time, so a sync that loads nothing is not told apart here (tests/engines/
 test_vllm_server_sync.py proves both paths load, version after version).
 
+`--tensor-parallel N` measures the collective path into an in-process engine of N ranks instead
+(on CPU, a model whose heads N divides: `--model tiny-qwen3`, gpu_check's 'small' Qwen3 built
+from a config); the safetensors path cannot reach worker processes and reports null.
+
 The figures are `update_weights`' own: for safetensors, writing the folder, the server's reload
 and the prefix-cache reset; for collectives, the broadcast and the reload, and the same reset.
 """
@@ -19,6 +23,7 @@ and the prefix-cache reset; for collectives, the broadcast and the reload, and t
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from pathlib import Path
@@ -27,9 +32,12 @@ from typing import Any
 PATHS = ("collective", "safetensors")
 
 
-async def measure_sync(engine: Any, backend: Any, probe: list[int], rounds: int) -> dict[str, Any]:
-    """Sync `backend`'s weights into `engine` (a `VLLMServerEngine` or `VLLMEngine`) by both
-    paths, `rounds` times each with the order rotated; medians and every figure."""
+async def measure_sync(
+    engine: Any, backend: Any, probe: list[int], rounds: int, paths: tuple[str, ...] = PATHS
+) -> dict[str, Any]:
+    """Sync `backend`'s weights into `engine` (a `VLLMServerEngine` or `VLLMEngine`) by each of
+    `paths`, `rounds` times each with the order rotated; medians (None for a path not measured)
+    and every figure."""
     from conveyor.trainer.weight_sync import check_fingerprint
 
     times: dict[str, list[float]] = {path: [] for path in PATHS}
@@ -52,15 +60,15 @@ async def measure_sync(engine: Any, backend: Any, probe: list[int], rounds: int)
         check_fingerprint(served, expected.model_copy(update={"policy_version": version}), version)
         return seconds
 
-    for path in PATHS:  # warm-up; the collective one opens the group
+    for path in paths:  # warm-up; the collective one opens the group
         first[path] = await one(path)
     for index in range(rounds):
-        order = PATHS if index % 2 == 0 else tuple(reversed(PATHS))
+        order = paths if index % 2 == 0 else tuple(reversed(paths))
         for path in order:
             times[path].append(await one(path))
     return {
-        "collective_s": statistics.median(times["collective"]),
-        "safetensors_s": statistics.median(times["safetensors"]),
+        "collective_s": statistics.median(times["collective"]) if times["collective"] else None,
+        "safetensors_s": statistics.median(times["safetensors"]) if times["safetensors"] else None,
         "collective_first_s": first["collective"],
         "rounds": rounds,
         "collective_all_s": times["collective"],
@@ -68,8 +76,12 @@ async def measure_sync(engine: Any, backend: Any, probe: list[int], rounds: int)
     }
 
 
-def run_sync_bench(model_dir: Path, *, rounds: int, base_url: str | None) -> dict[str, Any]:
-    """Start a server of `model_dir` (unless `base_url` names a running one) and measure."""
+def run_sync_bench(
+    model_dir: Path, *, rounds: int, base_url: str | None, tensor_parallel: int = 1
+) -> dict[str, Any]:
+    """Start a server of `model_dir` (unless `base_url` names a running one) and measure; with
+    `tensor_parallel` > 1 an in-process engine of that many ranks instead, collective only (its
+    ranks live in worker processes, which only a collective sync reaches)."""
     from conveyor.config import TrainerConfig
     from conveyor.engines.factory import load_tokenizer
     from conveyor.engines.vllm_server import VLLMServerEngine
@@ -78,9 +90,26 @@ def run_sync_bench(model_dir: Path, *, rounds: int, base_url: str | None) -> dic
 
     start = time.perf_counter()
     backend = TorchTrainingEngine(model_dir, TrainerConfig(device="cpu"))
-    probe = probe_ids(load_tokenizer(model_dir))
-    if base_url is not None:
-        engine: Any = VLLMServerEngine(
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    # a fixed sequence within the model's vocabulary (a tiny model may borrow a bigger tokenizer)
+    probe = [i % vocab for i in probe_ids(load_tokenizer(model_dir))]
+    paths: tuple[str, ...] = PATHS
+    kind = "vllm server (dev mode, worker extension)"
+    if tensor_parallel > 1:
+        from conveyor.engines.vllm_local import VLLMEngine
+
+        engine: Any = VLLMEngine(
+            model_dir,
+            max_num_seqs=4,
+            max_model_len=1024,
+            kv_cache_gib=1,
+            tensor_parallel_size=tensor_parallel,
+            weight_sync="collective",
+        )
+        paths = ("collective",)
+        kind = f"in-process vllm, tensor parallel {tensor_parallel}"
+    elif base_url is not None:
+        engine = VLLMServerEngine(
             base_url, str(model_dir), source_dir=model_dir, weight_sync="collective"
         )
     else:
@@ -101,14 +130,15 @@ def run_sync_bench(model_dir: Path, *, rounds: int, base_url: str | None) -> dic
 
     async def go() -> dict[str, Any]:
         try:
-            return await measure_sync(engine, backend, probe, rounds)
+            return await measure_sync(engine, backend, probe, rounds, paths)
         finally:
             await engine.close()
 
     report = asyncio.run(go())
     tensors = list(backend.export_weights())
     report.update(
-        engine="vllm server (dev mode, worker extension)",
+        engine=kind,
+        tensor_parallel=tensor_parallel,
         weight_mb=round(sum(t.numel() * t.element_size() for _, t in tensors) / 2**20, 1),
         tensors=len(tensors),
         wall_s=round(time.perf_counter() - start, 1),

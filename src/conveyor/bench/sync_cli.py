@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -16,8 +17,20 @@ def register(bench_app: typer.Typer) -> None:
 
 def sync(
     model: Annotated[
-        str, typer.Option(help="default (the embedded SmolLM2-135M) or a HF model folder")
+        str,
+        typer.Option(
+            help="default (the embedded SmolLM2-135M), tiny-qwen3 (a random 2-layer Qwen3 with 4 "
+            "heads of 64, built from a config in a temporary folder) or a HF model folder"
+        ),
     ] = "default",
+    tensor_parallel: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="N > 1: sync into an in-process vLLM engine of N tensor-parallel ranks, "
+            "collective path only (safetensors_s null); the model's heads must divide by N",
+        ),
+    ] = 1,
     rounds: Annotated[int, typer.Option(min=1, help="measured syncs per path (median)")] = 4,
     base_url: Annotated[
         str | None,
@@ -38,24 +51,40 @@ def sync(
     """
     from conveyor.bench.sync import run_sync_bench
 
+    scratch: tempfile.TemporaryDirectory[str] | None = None
     if model == "default":
         from conveyor.models import check_model_dir, default_model_dir
 
         model_dir = check_model_dir(default_model_dir())
+    elif model == "tiny-qwen3":
+        from conveyor.models import check_model_dir, default_model_dir
+        from conveyor.trainer.gpu_check import save_tiny_qwen3
+
+        scratch = tempfile.TemporaryDirectory(prefix="conveyor-tiny-qwen3-")
+        model_dir = save_tiny_qwen3(Path(scratch.name), check_model_dir(default_model_dir()))
     else:
         model_dir = Path(model)
         if not (model_dir / "config.json").is_file():
             raise typer.BadParameter(f"{model_dir} is not a HF model folder", param_hint="--model")
-    report = run_sync_bench(model_dir, rounds=rounds, base_url=base_url)
+    try:
+        report = run_sync_bench(
+            model_dir, rounds=rounds, base_url=base_url, tensor_parallel=tensor_parallel
+        )
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     report["model"] = model
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
     if not json_out:
         r = report
+        safetensors = r["safetensors_s"]
         print(
             f"{r['weight_mb']} MB in {r['tensors']} tensors into a {r['engine']}: collective "
-            f"{r['collective_s']:.3f} s, safetensors {r['safetensors_s']:.3f} s (medians of "
-            f"{r['rounds']}; first collective sync {r['collective_first_s']:.3f} s)"
+            f"{r['collective_s']:.3f} s, safetensors "
+            + ("not measured" if safetensors is None else f"{safetensors:.3f} s")
+            + f" (medians of {r['rounds']}; first collective sync "
+            f"{r['collective_first_s']:.3f} s)"
         )
     print(json.dumps(report))

@@ -107,8 +107,11 @@ class EngineConfig(Section):
         default=1,
         ge=1,
         description="engine.kind 'vllm': GPUs each engine (the in-process one, or each replica) "
-        "spreads its weights and KV cache over (vLLM's tensor_parallel_size); more than 1 "
-        "needs GPUs (refused on CPU when the engine starts). `conveyor plan` places it.",
+        "spreads its weights and KV cache over (vLLM's tensor_parallel_size). On CPU only the "
+        "in-process engine (engine.replicas 1) runs more than 1: a worker process per rank, "
+        "each bound to its share of the cores (unless VLLM_CPU_OMP_THREADS_BIND is set), the "
+        "model's attention heads divisible by it, weights synced by collectives; refused "
+        "before loading otherwise. `conveyor plan` places it.",
     )
     server_args: list[str] = Field(
         default_factory=list,

@@ -13,6 +13,7 @@ engine (`vllm_local`), which shares its device with the trainer's first device, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 GIB = 2**30
@@ -65,11 +66,58 @@ def engine_memory(
 
 
 def check_tensor_parallel(size: int, gpu: bool) -> None:
-    """Refuse `engine.tensor_parallel_size` > 1 without a GPU, before vLLM loads anything."""
+    """Refuse a replica server with `engine.tensor_parallel_size` > 1 without a GPU, before vLLM
+    loads anything (on CPU only the in-process engine runs ranks: `cpu_tensor_parallel`)."""
     if size > 1 and not gpu:
         from conveyor.engines.base import EngineError
 
         raise EngineError(
-            f"engine.tensor_parallel_size={size} spreads the engine over {size} GPUs, and this "
-            "machine has none (vLLM on CPU runs one rank); set engine.tensor_parallel_size=1"
+            f"engine.tensor_parallel_size={size} on replica servers needs GPUs, and this machine "
+            "has none (on CPU only the in-process engine, engine.replicas=1, runs tensor-parallel "
+            "ranks); set engine.tensor_parallel_size=1 or engine.replicas=1"
         )
+
+
+def cpu_thread_binding(size: int, cores: Sequence[int]) -> str:
+    """vLLM-CPU's `VLLM_CPU_OMP_THREADS_BIND` for `size` ranks: `cores` (those this process may
+    run on) split into `size` contiguous groups, the first ones one core larger when they do not
+    divide, e.g. cores 0-3, 2 ranks: "0,1|2,3". Refuses fewer cores than ranks."""
+    from conveyor.engines.base import EngineError
+
+    ordered = sorted(set(cores))
+    if size > len(ordered):
+        raise EngineError(
+            f"engine.tensor_parallel_size={size} on CPU needs a core per rank and this process "
+            f"may use {len(ordered)} ({_ranges(ordered)}); lower engine.tensor_parallel_size"
+        )
+    share, extra = divmod(len(ordered), size)
+    groups: list[str] = []
+    start = 0
+    for rank in range(size):
+        end = start + share + (1 if rank < extra else 0)
+        groups.append(",".join(str(c) for c in ordered[start:end]))
+        start = end
+    return "|".join(groups)
+
+
+def check_heads_divide(model_config: dict[str, Any], size: int) -> None:
+    """Refuse a tensor-parallel degree that does not divide the model's attention heads (vLLM
+    splits the heads over the ranks; key-value heads may be fewer and are then replicated)."""
+    from conveyor.engines.base import EngineError
+
+    heads = int(model_config.get("num_attention_heads") or 0)
+    kv = int(model_config.get("num_key_value_heads") or heads)
+    if heads and heads % size:
+        raise EngineError(
+            f"engine.tensor_parallel_size={size} does not divide the model's {heads} attention "
+            "heads (vLLM gives each rank the same number); pick a divisor of it"
+        )
+    if kv and kv % size and size % kv:
+        raise EngineError(
+            f"engine.tensor_parallel_size={size} neither divides nor is a multiple of the "
+            f"model's {kv} key-value heads; pick a divisor of it"
+        )
+
+
+def _ranges(cores: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cores) or "none"

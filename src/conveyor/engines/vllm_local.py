@@ -54,7 +54,7 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
-from conveyor.engines.memory import COLOCATED_GPU_SHARE, check_tensor_parallel
+from conveyor.engines.memory import COLOCATED_GPU_SHARE, check_heads_divide, cpu_thread_binding
 from conveyor.engines.weight_group import (
     DEFAULT_BUCKET_MB,
     WORKER_EXTENSION,
@@ -114,21 +114,33 @@ class VLLMEngine:
         # The engine core must live in this process: weight updates and the step thread need it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be positive, not {tensor_parallel_size}")
+        if tensor_parallel_size > 1 and weight_sync == "safetensors":
+            raise EngineError(
+                f"engine.tensor_parallel_size={tensor_parallel_size}: the in-process engine's "
+                "ranks live in worker processes, which only a collective sync reaches; set "
+                "engine.weight_sync to 'auto' or 'collective'"
+            )
         import torch
-
-        check_tensor_parallel(tensor_parallel_size, torch.cuda.is_available())
-        from vllm import LLM
 
         # On a GPU the engine takes this share of its device, next to the trainer's first
         # device (`conveyor plan` counts the same share); on CPU this fraction reserves host
         # memory, and the KV space is set above.
         kwargs: dict[str, Any] = {"gpu_memory_utilization": COLOCATED_GPU_SHARE}
+        binding: dict[str, str] = {}
+        if tensor_parallel_size > 1 and not torch.cuda.is_available():
+            # refused here, before vLLM loads anything, when the ranks cannot run
+            binding = cpu_rank_binding(model_path, tensor_parallel_size)
+            kwargs["distributed_executor_backend"] = "mp"
+        from vllm import LLM
+
         if not torch.cuda.is_available() and dtype == "auto":
             dtype = "float32"
         if weight_sync != "safetensors":
             # the workers can join a weight group (`conveyor.engines.weight_group`)
             kwargs["worker_extension_cls"] = WORKER_EXTENSION
-        with _kernel_scan_safe():
+        with _kernel_scan_safe(), _environment(binding):  # the workers start in here
             self._llm = LLM(
                 model=str(model_path),
                 dtype=dtype,  # type: ignore[arg-type]
@@ -457,6 +469,11 @@ class VLLMEngine:
             raise ValueError("a weight probe needs at least two tokens")
 
         def read() -> WeightFingerprint:
+            if self.tensor_parallel_size > 1:  # the ranks live in worker processes
+                ranks = self._llm.collective_rpc("conveyor_readable_fingerprint")
+                return replicated_fingerprint(
+                    [WeightFingerprint.model_validate_json(r) for r in ranks], self._version
+                )
             model = self._engine.model_executor.driver_worker.worker.model_runner.model
             return readable_fingerprint(model.named_parameters(), self._version)
 
@@ -511,6 +528,64 @@ class VLLMEngine:
             # initialized", seen in CI). The client's shutdown runs once: a later collection
             # finds nothing to do.
             await asyncio.to_thread(self._engine.engine_core.shutdown)
+
+
+def cpu_rank_binding(model_path: str | Path, size: int) -> dict[str, str]:
+    """The environment `size` vLLM-CPU tensor-parallel ranks start with, or why they cannot run.
+
+    Refuses (`EngineError`) a model whose attention heads the ranks do not divide (read from the
+    folder's config.json) and fewer usable cores than ranks. Unless the user set
+    `VLLM_CPU_OMP_THREADS_BIND` (vLLM's default 'auto' binds a rank per NUMA node, and refuses
+    more ranks than nodes), binds each rank's OpenMP threads to its own share of the cores this
+    process may run on (`cpu_thread_binding`): 2 ranks on cores 0-1 get "0|1". Set only while
+    the workers start (`_environment`): a later engine of the same process is not pinned by it.
+    """
+    config_file = Path(model_path) / "config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text())
+        check_heads_divide(config.get("text_config", config), size)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    binding = cpu_thread_binding(size, cores or list(range(os.cpu_count() or 1)))
+    if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+        return {"VLLM_CPU_OMP_THREADS_BIND": binding}
+    return {}
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set `values` in `os.environ` for the block, then restore what was there."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def replicated_fingerprint(ranks: Sequence[WeightFingerprint], version: int) -> WeightFingerprint:
+    """One engine fingerprint from its tensor-parallel ranks' (`readable_fingerprint` each):
+    the tensors every rank holds whole and equal (norms); a tensor the ranks hold different
+    shards of (the vocabulary-parallel embedding) has no trainer-side counterpart and drops out,
+    left to the probe logprobs, which every rank's shard takes part in."""
+    first = ranks[0]
+    keep = [
+        name
+        for name, digest in first.digests.items()
+        if all(
+            r.digests.get(name) == digest and r.shapes.get(name) == first.shapes.get(name)
+            for r in ranks[1:]
+        )
+    ]
+    return WeightFingerprint(
+        policy_version=version,
+        digests={n: first.digests[n] for n in keep},
+        dtypes={n: first.dtypes[n] for n in keep},
+        shapes={n: first.shapes[n] for n in keep},
+    )
 
 
 def version_salt(version: int) -> str:

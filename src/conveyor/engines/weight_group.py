@@ -327,6 +327,14 @@ class WeightGroupExtension:
             self.model_runner.reload_weights(weights_iterator=counted())
         return count
 
+    def conveyor_readable_fingerprint(self) -> str:
+        """This rank's `readable_fingerprint` (no probe, version 0) as JSON: digests of the
+        tensors it keeps readable, as it holds them (a shard where vLLM splits the tensor)."""
+        from conveyor.engines.base import readable_fingerprint
+
+        named = self.model_runner.model.named_parameters()
+        return readable_fingerprint(named, 0).model_dump_json()
+
     def conveyor_leave_weight_group(self) -> None:
         """Leave the weight group, if any."""
         group = getattr(self, "_conveyor_group", None)
