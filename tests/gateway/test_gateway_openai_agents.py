@@ -64,6 +64,7 @@ def test_openai_agents_runs_streamed_and_chat_through_the_gateway(
         api = {k: trajectory.counters.get(k) for k in ("responses_requests", "streamed_requests")}
         streamed = rollout == "agents-responses"
         assert api == ({k: 3 for k in api} if streamed else dict.fromkeys(api))
+        assert trajectory.counters["sampled_tool_calls"] == 2
         (sample,) = trajectory.samples()
         text = tokenizer.decode(sample.input_ids)
         assert "FOUND: cat is a feline." in text and "DEFINED: cat is a pet." in text

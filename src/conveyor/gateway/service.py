@@ -497,6 +497,8 @@ class Gateway:
         }
         parsed = parse_tool_calls(assistant["content"], renderer.tool_format, schemas)
         assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
+        if parsed.calls:  # the client runs them (`tool_calls` counts the ones run here)
+            record.bump("sampled_tool_calls", len(parsed.calls))
         if parsed.errors:
             record.bump("parse_errors", len(parsed.errors))
         agent = self.agent
