@@ -35,7 +35,7 @@ class ForcedTwoTools(HFEngine):
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
 
     def words(self, request: SampleRequest) -> str:
-        text = self.tokenizer.decode(request.prompt_ids)
+        text = str(self.tokenizer.decode(request.prompt_ids))
         a, b, c = (int(x) for x in QUESTION.findall(text)[-1])
         replied = text.count("<|im_start|>assistant") - 1  # the prompt opens the next reply
         if replied == 0:
