@@ -27,3 +27,15 @@ def test_a_request_past_its_deadline_fails_as_an_engine_error(model_dir: Path) -
     # two tokens took over 0.3 s beside another test worker)
     engine.request_timeout_s = 60
     assert len(asyncio.run(engine.sample(short)).token_ids) == 2
+
+
+def test_unseeded_requests_differ_and_repeat_with_the_engine_seed(model_dir: Path) -> None:
+    # the samples of a GRPO group are the same prompt without a seed: they must differ (an
+    # engine that seeded them all alike gave every group zero variance, so nothing trained)
+    engines = [HFEngine(model_dir, seed=3), HFEngine(model_dir, seed=3)]
+    ask = SampleRequest(prompt_ids=[1, 9690, 198], max_tokens=6, temperature=1.0)
+    first, second = [[asyncio.run(e.sample(ask)).token_ids for _ in range(2)] for e in engines]
+    assert first[0] != first[1]
+    assert first == second  # a fresh engine with the same seed repeats its stream
+    seeded = ask.model_copy(update={"seed": 7})
+    assert asyncio.run(engines[0].sample(seeded)) == asyncio.run(engines[1].sample(seeded))

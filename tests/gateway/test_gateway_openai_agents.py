@@ -60,6 +60,11 @@ def test_openai_agents_runs_streamed_and_chat_through_the_gateway(
     for rollout in ("agents-responses", "agents-chat"):
         trajectory = gateway.trajectory(rollout)
         assert len(trajectory.turns) == 3 and trajectory.counters["splits"] == 0
+        # which API and whether streamed, as the record says
+        api = {k: trajectory.counters.get(k) for k in ("responses_requests", "streamed_requests")}
+        over_responses = rollout == "agents-responses"
+        assert api == ({k: 3 for k in api} if over_responses else dict.fromkeys(api))
+        assert trajectory.counters["sampled_tool_calls"] == 2
         (sample,) = trajectory.samples()
         text = tokenizer.decode(sample.input_ids)
         assert "FOUND: cat is a feline." in text and "DEFINED: cat is a pet." in text

@@ -110,6 +110,7 @@ def test_responses_items_and_previous_response_id_record_the_chat_turns(
     for trajectory in recorded.values():
         assert trajectory.counters["splits"] == 0 and len(trajectory.turns) == 3
         assert len(trajectory.samples()) == 1
+    assert [t.counters.get("responses_requests") for t in recorded.values()] == [3, 3, None]
     # the token-level record of a Responses rollout is the chat rollout's, id for id
     for a, b, c in zip(*(t.turns for t in recorded.values()), strict=True):
         assert a.prompt_ids == b.prompt_ids == c.prompt_ids

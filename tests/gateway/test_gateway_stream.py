@@ -120,6 +120,7 @@ def test_streamed_reply_is_the_whole_reply_in_chunks_and_records_the_same_ids(
             ours.turns[0].loss_mask,
         )
     assert theirs.counters["splits"] == 0 and len(theirs.turns) == 2
+    assert theirs.counters["streamed_requests"] == 2 and "streamed_requests" not in ours.counters
     second = theirs.turns[1]
     first = theirs.turns[0]
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == (

@@ -163,6 +163,9 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_update(
     result = e.step(TrainBatch(items=items))
     assert result.skipped_samples == 3
     assert result.tokens == sum(len(s.input_ids) for i, (s, _) in enumerate(items) if i % 2 == 0)
+    # the logprob probe covers the forwarded samples' trained tokens only
+    assert result.probed_tokens == sum(sum(s.loss_mask) for s, _ in items[::2]) > 0
+    assert result.as_dict()["train/probed_tokens"] == result.probed_tokens
 
     n = max(len(s.input_ids) for s, _ in items)
     ids = torch.zeros(len(items), n, dtype=torch.long)
@@ -191,6 +194,7 @@ def test_an_all_zero_advantage_batch_forwards_nothing_and_still_steps(tiny: Path
     before = params(e)
     result = e.step(TrainBatch(items=[(s, 0.0) for s in batch.samples]))
     assert result.skipped_samples == 3 and result.tokens == 0
+    assert result.probed_tokens == 0 and result.logprob_diff_max == 0.0  # nothing compared
     assert result.grad_norm == 0.0 and result.policy_version == 1
     assert_params_close(before, params(e), atol=0.0)  # zero gradient, fresh AdamW moments
 
@@ -273,7 +277,9 @@ def test_logprob_agreement_probe(tiny: Path) -> None:
         (s.model_copy(update={"logprobs": lp}), a)
         for (s, a), lp in zip(batch.items, own, strict=True)
     ]
-    assert logprob_agreement([s for s, _ in items], own) == {"mean": 0.0, "max": 0.0}
+    trained = TrainBatch(items=items).trained_tokens
+    agreement = logprob_agreement([s for s, _ in items], own)
+    assert agreement == {"mean": 0.0, "max": 0.0, "tokens": trained}
     result = e.step(TrainBatch(items=items))
     assert result.logprob_diff_max < 1e-5
     # one trained token off by 0.5: max says 0.5, mean says 0.5 / trained tokens
@@ -287,7 +293,6 @@ def test_logprob_agreement_probe(tiny: Path) -> None:
     e2 = engine(tiny)
     result = e2.step(TrainBatch(items=[(shifted, advantage), *items[1:]]))
     assert result.logprob_diff_max == pytest.approx(0.5, abs=1e-5)
-    trained = TrainBatch(items=items).trained_tokens
     assert result.logprob_diff_mean == pytest.approx(0.5 / trained, abs=1e-5)
 
 

@@ -187,4 +187,8 @@ def build_hf(config: ConveyorConfig, model_dir: Path) -> SamplingClient:
     """The transformers sampler (one request at a time: tiny models and exact tests)."""
     from conveyor.engines.hf_local import HFEngine
 
-    return HFEngine(model_dir, request_timeout_s=config.engine.request_timeout_s)
+    return HFEngine(
+        model_dir,
+        request_timeout_s=config.engine.request_timeout_s,
+        seed=config.sampling.sampling_seed or 0,
+    )

@@ -9,6 +9,7 @@ request's `seed` makes its sample reproducible. Use vLLM for anything of size.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -38,6 +39,7 @@ class HFEngine:
         *,
         eos_token_id: int | None = None,
         request_timeout_s: float | None = None,
+        seed: int = 0,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
@@ -49,6 +51,10 @@ class HFEngine:
         self.eos_token_id = eos_token_id if eos_token_id is not None else config_eos
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
+        # Seeds of the requests that bring none: one stream per engine (as vLLM's engine seed),
+        # so two unseeded requests for the same prompt (the samples of a GRPO group) differ,
+        # and a fresh engine given the same requests in the same order repeats them.
+        self._seeds = random.Random(seed)
         self._version = 0
         self._in_flight = 0
         self._model_dir = str(model_dir)
@@ -103,6 +109,9 @@ class HFEngine:
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Sample one completion (ancestral sampling; temperature 0 is greedy).
 
+        A request's `seed` makes its sample reproducible; without one the seed is the next of
+        the engine's own stream (the `seed` it was built with), so repeated requests differ.
+
         Past `request_timeout_s` (waiting for the model included) the request stops between
         two tokens and raises `EngineError`, like every engine's request deadline.
         """
@@ -132,7 +141,8 @@ class HFEngine:
         stops = set(request.stop_token_ids)
         if self.eos_token_id is not None:
             stops.add(int(self.eos_token_id))
-        generator = torch.Generator().manual_seed(request.seed if request.seed is not None else 0)
+        seed = request.seed if request.seed is not None else self._seeds.getrandbits(31)
+        generator = torch.Generator().manual_seed(seed)
         matcher: Any = None
         bitmask: Any = None
         if request.output_format is not None:

@@ -255,7 +255,10 @@ class Gateway:
             internal, normal = internal_messages(record, request.messages, renderer)
             prompt = advance(record, request, renderer, internal, normal)
             await self._check_budget(record, prompt)
-            return await self._sample(record, request, renderer, prompt, normal)
+            answer = await self._sample(record, request, renderer, prompt, normal)
+            if request.stream:
+                record.bump("streamed_requests")
+            return answer
 
     async def respond(self, rollout_id: str, body: Any) -> dict[str, Any]:
         """One Responses API request (`responses`): sampled and recorded as the chat turn it
@@ -273,9 +276,13 @@ class Gateway:
                 )
         chat = chat_body(body, earlier)
         answer = await self.chat(rollout_id, parse_chat_request(chat))
+        record = self.get(rollout_id)
+        record.bump("responses_requests")
+        if body.get("stream"):
+            record.bump("streamed_requests")
         response = response_object(answer, body)
         kept = chat["messages"][1:] if body.get("instructions") is not None else chat["messages"]
-        self.get(rollout_id).responses[response["id"]] = [
+        record.responses[response["id"]] = [
             *kept,
             answer["choices"][0]["message"],
         ]
@@ -490,6 +497,8 @@ class Gateway:
         }
         parsed = parse_tool_calls(assistant["content"], renderer.tool_format, schemas)
         assistant["_tool_calls"] = [c.model_dump() for c in parsed.calls]
+        if parsed.calls:  # the client runs them (`tool_calls` counts the ones run here)
+            record.bump("sampled_tool_calls", len(parsed.calls))
         if parsed.errors:
             record.bump("parse_errors", len(parsed.errors))
         agent = self.agent

@@ -93,6 +93,8 @@ class StepResult:
     - `logprob_diff_mean` / `logprob_diff_max`: mean and max of |trainer logprob - behaviour
       logprob| over trained tokens, under the parameters that start the update. A broken weight
       sync or chat template shows up here at once (see `docs/algorithms.md`).
+    - `probed_tokens`: the trained tokens those two numbers cover (the forwarded samples'):
+      0 when every sample was skipped, and the two numbers then say nothing.
     - `policy_version`: the version after this update.
     - `metrics`: further loss diagnostics (`clip_fraction`, `approx_kl`, ...).
     """
@@ -109,6 +111,7 @@ class StepResult:
     step_time_s: float
     metrics: dict[str, float] = field(default_factory=dict)
     skipped_samples: int = 0
+    probed_tokens: int = 0
 
     def as_dict(self, prefix: str = "train/") -> dict[str, float]:
         """Flat float metrics, names prefixed, for `metrics.jsonl`."""
@@ -123,6 +126,7 @@ class StepResult:
                 "tokens_per_s",
                 "logprob_diff_mean",
                 "logprob_diff_max",
+                "probed_tokens",
                 "policy_version",
                 "skipped_samples",
                 "step_time_s",
@@ -293,7 +297,8 @@ def register_backend(
 def logprob_agreement(
     samples: Sequence[TrainingSample], trainer_logprobs: Sequence[Sequence[float]]
 ) -> dict[str, float]:
-    """Mean and max |trainer logprob - behaviour logprob| over the trained tokens of `samples`.
+    """Mean and max |trainer logprob - behaviour logprob| over the trained tokens of `samples`,
+    and how many tokens that was (`tokens`).
 
     The probe of issue 4 point 8: with `trainer_logprobs = backend.compute_logprobs(samples)`
     right after a weight sync, both numbers should be near 0 (numerics only); a wrong sync, chat
@@ -312,4 +317,4 @@ def logprob_agreement(
                 total += diff
                 count += 1
                 worst = max(worst, diff)
-    return {"mean": total / count if count else 0.0, "max": worst}
+    return {"mean": total / count if count else 0.0, "max": worst, "tokens": float(count)}

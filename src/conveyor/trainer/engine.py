@@ -355,6 +355,7 @@ class TorchTrainingEngine:
             tokens_per_s=forwarded / elapsed,
             logprob_diff_mean=sums[1] / max(probed, 1),
             logprob_diff_max=diff_max,
+            probed_tokens=probed,
             policy_version=self._version,
             step_time_s=elapsed,
             metrics={n: s / max(probed, 1) for n, s in zip(names, sums[2:], strict=True)},

@@ -104,6 +104,7 @@ class TinkerBackend:
             tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
             logprob_diff_mean=agreement["mean"],
             logprob_diff_max=agreement["max"],
+            probed_tokens=int(agreement["tokens"]),
             policy_version=self._version,
             step_time_s=elapsed,
             metrics=metrics,
