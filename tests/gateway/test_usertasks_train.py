@@ -5,7 +5,8 @@ its own reward command, two RL steps. Read back from the run folder: steps done,
 retry, no split, and the trainer's logprobs against the ones the gateway recorded.
 
 The real embedded model (SmolLM2-135M) never calls a tool and rarely answers right, so its
-groups mostly have one reward and train nothing (`train/probed_tokens` says so). The
+groups mostly have one reward and train nothing (`train/probed_tokens` says so; measured once,
+docs/gateway.md: a CI test of it compared no token and was dropped for CI time). The
 `__fake_policy` run gives the same command the real model's weights with scripted words
 (`gateway/forced_two_tools.py`, a plugin engine): every rollout calls both tools, then answers,
 right in one sample of each group and wrong in the other, so every tool-call turn trains and its
@@ -80,15 +81,6 @@ def _check_run(
         assert r["counters"]["responses_requests"] == r["counters"]["streamed_requests"] == turns
         prompt = tokenizer.decode(r["turns"][0]["prompt_ids"])
         assert '"name": "add"' in prompt and '"name": "multiply"' in prompt
-
-
-def test_openai_agents_streamed_agent_trains_two_steps(tmp_path: Path, tokenizer: Any) -> None:
-    metrics, rollouts = _train(tmp_path / "run", "agent.max_completion_tokens=24")
-    _check_run(metrics, rollouts, tokenizer)
-    # what the real model did is reported, not asserted: tool calls, rewards, tokens compared
-    calls = sum(r["counters"].get("sampled_tool_calls", 0) for r in rollouts)
-    probed = [m["train/probed_tokens"] for m in metrics]
-    print(f"tool calls {calls}, rewards {[r['reward'] for r in rollouts]}, probed {probed}")
 
 
 def test_openai_agents_agent_calls_both_tools_and_every_turn_trains__fake_policy(
