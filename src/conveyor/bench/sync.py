@@ -13,8 +13,8 @@ time, so a sync that loads nothing is not told apart here (tests/engines/
 test_vllm_server_sync.py proves both paths load, version after version).
 
 `--tensor-parallel N` measures the collective path into an in-process engine of N ranks instead
-(on CPU, a model whose heads N divides: `--model tiny-qwen3`, gpu_check's 'small' Qwen3 built
-from a config); the safetensors path cannot reach worker processes and reports null.
+(on CPU, a model whose heads N divides: `--model tiny-qwen3`, the `builtin:tiny-qwen3` model
+of conveyor.models); the safetensors path cannot reach worker processes and reports null.
 
 The figures are `update_weights`' own: for safetensors, writing the folder, the server's reload
 and the prefix-cache reset; for collectives, the broadcast and the reload, and the same reset.

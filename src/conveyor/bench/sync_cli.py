@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -19,8 +18,8 @@ def sync(
     model: Annotated[
         str,
         typer.Option(
-            help="default (the embedded SmolLM2-135M), tiny-qwen3 (a random 2-layer Qwen3 with 4 "
-            "heads of 64, built from a config in a temporary folder) or a HF model folder"
+            help="default (the embedded SmolLM2-135M), tiny-qwen3 (`builtin:tiny-qwen3`: a "
+            "random 2-layer Qwen3 with 4 heads of 32, built once) or a HF model folder"
         ),
     ] = "default",
     tensor_parallel: Annotated[
@@ -51,28 +50,21 @@ def sync(
     """
     from conveyor.bench.sync import run_sync_bench
 
-    scratch: tempfile.TemporaryDirectory[str] | None = None
     if model == "default":
         from conveyor.models import check_model_dir, default_model_dir
 
         model_dir = check_model_dir(default_model_dir())
     elif model == "tiny-qwen3":
-        from conveyor.models import check_model_dir, default_model_dir
-        from conveyor.trainer.gpu_check import save_tiny_qwen3
+        from conveyor.models import prepare_tiny_qwen3
 
-        scratch = tempfile.TemporaryDirectory(prefix="conveyor-tiny-qwen3-")
-        model_dir = save_tiny_qwen3(Path(scratch.name), check_model_dir(default_model_dir()))
+        model_dir = prepare_tiny_qwen3()  # `builtin:tiny-qwen3`, built once in the user cache
     else:
         model_dir = Path(model)
         if not (model_dir / "config.json").is_file():
             raise typer.BadParameter(f"{model_dir} is not a HF model folder", param_hint="--model")
-    try:
-        report = run_sync_bench(
-            model_dir, rounds=rounds, base_url=base_url, tensor_parallel=tensor_parallel
-        )
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    report = run_sync_bench(
+        model_dir, rounds=rounds, base_url=base_url, tensor_parallel=tensor_parallel
+    )
     report["model"] = model
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

