@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_records import records, rollouts
 
 from conveyor.config import ConfigError, load_config
 from conveyor.config.cluster import ClusterConfig
@@ -237,19 +238,6 @@ TWO_STEPS = [
 ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 evaluation rollouts)
 WEIGHT_TOLERANCE = 1e-5
 OBJECT_STORE_BYTES = 1536 * 1024**2  # the float32 weights (0.54 GB) with room for the batch
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def rollouts(run_dir: Path) -> list[tuple[Any, ...]]:
-    """What each rollout sampled and scored, in a canonical order."""
-    out = []
-    for r in records(run_dir / "rollouts.jsonl"):
-        tokens = tuple(tuple(turn["completion_ids"]) for turn in r["turns"])
-        out.append((r["step"], r["task_id"], r["sample_index"], r["status"], r["reward"], tokens))
-    return sorted(out)
 
 
 def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

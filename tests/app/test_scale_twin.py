@@ -18,11 +18,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import yaml
+from run_records import records, rollouts
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs/scale-twin.yaml"
@@ -51,19 +51,6 @@ def train(run_dir: Path, *sets: str) -> subprocess.CompletedProcess[str]:
         timeout=900,
         cwd=REPO,
     )
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def rollouts(run_dir: Path) -> list[tuple[Any, ...]]:
-    """What each rollout sampled and scored, in a canonical order."""
-    out = []
-    for r in records(run_dir / "rollouts.jsonl"):
-        tokens = tuple(tuple(turn["completion_ids"]) for turn in r["turns"])
-        out.append((r["step"], r["task_id"], r["sample_index"], r["status"], r["reward"], tokens))
-    return sorted(out)
 
 
 @pytest.mark.slow
