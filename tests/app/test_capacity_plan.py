@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conveyor import cli
@@ -251,3 +252,35 @@ def test_tensor_parallel_size_is_a_key_passed_to_vllm_and_refused_on_cpu_replica
     with pytest.raises(EngineError, match=r"engine\.tensor_parallel_size=2"):
         check_tensor_parallel(2, gpu=False)
     check_tensor_parallel(1, gpu=False)
+
+
+def test_cuda_graphs_follow_the_engine_host_unless_set_and_are_refused_without_a_gpu(
+    model_dir: Path,
+) -> None:
+    """`engine.cuda_graphs`: null = graphs on a GPU host, eager on CPU; the choice reaches the
+    in-process engine and each replica server's command; graphs asked for on CPU are refused by
+    the engine before vLLM loads anything (the GPU side is decided by `torch.cuda`, faked here
+    only as the flag a GPU host would pass)."""
+    from conveyor.engines.base import EngineError
+    from conveyor.engines.factory import vllm_options
+    from conveyor.engines.memory import eager_mode
+    from conveyor.engines.vllm_local import VLLMEngine
+    from conveyor.engines.vllm_replicas import server_command
+
+    assert [eager_mode(None, gpu) for gpu in (True, False)] == [False, True]
+    assert [eager_mode(False, gpu) for gpu in (True, False)] == [True, True]
+    assert eager_mode(True, True) is False
+    assert vllm_options(load_config(SWE_GPU).config)["cuda_graphs"] is None
+    set_false = load_config(SWE_GPU, ["engine.cuda_graphs=false"]).config
+    assert vllm_options(set_false)["cuda_graphs"] is False
+
+    def command(eager: bool) -> list[str]:
+        return server_command(
+            Path("/m"), 1, max_num_seqs=1, max_model_len=8, dtype="bfloat16", seed=0,
+            gpu_memory_utilization=0.85, extra_args=[], eager=eager,
+        )  # fmt: skip
+
+    assert "--enforce-eager" in command(True) and "--enforce-eager" not in command(False)
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match=r"engine\.cuda_graphs is true, but .* no GPU"):
+            VLLMEngine(model_dir, cuda_graphs=True)

@@ -182,6 +182,13 @@ class EngineConfig(Section):
         "in-process engine with tensor_parallel_size > 1, else the fallback. The fingerprint "
         "check runs after every sync either way (docs/engines.md, 'Weight sync').",
     )
+    cuda_graphs: bool | None = Field(
+        default=None,
+        description="vLLM's CUDA graphs (its compiled decode; off = enforce_eager): null turns "
+        "them on where the engine's host has a GPU and off on CPU, where vLLM runs eager; "
+        "true on a host without a GPU is refused at engine start. Weight syncs load into the "
+        "same parameter storage, so captured graphs stay valid.",
+    )
     weight_bucket_mb: float = Field(
         default=256.0,
         gt=0,

@@ -120,6 +120,7 @@ def vllm_options(config: ConveyorConfig) -> dict[str, Any]:
         "request_timeout_s": engine.request_timeout_s,
         "weight_sync": engine.weight_sync,
         "weight_bucket_mb": engine.weight_bucket_mb,
+        "cuda_graphs": engine.cuda_graphs,
     }
 
 

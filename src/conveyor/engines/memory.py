@@ -65,6 +65,19 @@ def engine_memory(
     }
 
 
+def eager_mode(cuda_graphs: bool | None, gpu: bool) -> bool:
+    """vLLM's `enforce_eager` for `engine.cuda_graphs` on a host with (`gpu`) or without a
+    GPU: null means graphs where a GPU is, eager on CPU; graphs asked for on CPU are refused."""
+    if cuda_graphs and not gpu:
+        from conveyor.engines.base import EngineError
+
+        raise EngineError(
+            "engine.cuda_graphs is true, but this engine's host has no GPU (vLLM on CPU runs "
+            "eager); leave it null (graphs where a GPU is) or set it to false"
+        )
+    return not (gpu if cuda_graphs is None else cuda_graphs)
+
+
 def check_tensor_parallel(size: int, gpu: bool) -> None:
     """Refuse a replica server with `engine.tensor_parallel_size` > 1 without a GPU, before vLLM
     loads anything (on CPU only the in-process engine runs ranks: `cpu_tensor_parallel`)."""

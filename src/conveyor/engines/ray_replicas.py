@@ -27,7 +27,7 @@ from typing import Any
 
 from conveyor.config.cluster import ClusterConfig
 from conveyor.engines.base import EngineError
-from conveyor.engines.memory import check_tensor_parallel
+from conveyor.engines.memory import check_tensor_parallel, eager_mode
 from conveyor.engines.vllm_replicas import (
     ServerProcess,
     free_ports,
@@ -75,6 +75,7 @@ class EngineReplicaHost:
             host=host,
             tensor_parallel_size=settings.get("tensor_parallel_size", 1),
             weight_sync=settings.get("weight_sync", "auto"),
+            eager=eager_mode(settings.get("cuda_graphs"), bool(gpus)),
         )
         guarded = [sys.executable, "-m", "conveyor.engines.server_guard", str(os.getpid()), "--"]
         log = Path(tempfile.mkdtemp(prefix="conveyor-replica-")) / f"replica-{self.index}.log"

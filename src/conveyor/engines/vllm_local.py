@@ -54,7 +54,12 @@ from conveyor.engines.base import (
     WeightFingerprint,
     readable_fingerprint,
 )
-from conveyor.engines.memory import COLOCATED_GPU_SHARE, check_heads_divide, cpu_thread_binding
+from conveyor.engines.memory import (
+    COLOCATED_GPU_SHARE,
+    check_heads_divide,
+    cpu_thread_binding,
+    eager_mode,
+)
 from conveyor.engines.weight_group import (
     DEFAULT_BUCKET_MB,
     WORKER_EXTENSION,
@@ -106,6 +111,7 @@ class VLLMEngine:
         request_timeout_s: float | None = None,
         weight_sync: WeightSyncMode = "auto",
         weight_bucket_mb: float = DEFAULT_BUCKET_MB,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if weight_sync not in ("auto", "collective", "safetensors"):
             raise ValueError(
@@ -123,6 +129,8 @@ class VLLMEngine:
                 "engine.weight_sync to 'auto' or 'collective'"
             )
         import torch
+
+        eager = eager_mode(cuda_graphs, torch.cuda.is_available())  # refused before loading
 
         # On a GPU the engine takes this share of its device, next to the trainer's first
         # device (`conveyor plan` counts the same share); on CPU this fraction reserves host
@@ -148,7 +156,7 @@ class VLLMEngine:
                 max_num_seqs=max_num_seqs,
                 tensor_parallel_size=tensor_parallel_size,
                 seed=seed,
-                enforce_eager=True,
+                enforce_eager=eager,
                 logprobs_mode="processed_logprobs",
                 **kwargs,
             )

