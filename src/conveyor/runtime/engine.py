@@ -13,7 +13,8 @@ the environment to call it with:
   keeps theirs; `CONVEYOR_CONTAINERS_CONF` names another file, or turns ours off when empty.
 - Every container is labelled with this host and its owner process (pid and start time);
   `sweep_leftovers` removes the containers whose owner is gone (a run killed with SIGKILL
-  never ran its `rm -f`). The runtime sweeps once per process, at its first start.
+  never ran its `rm -f`), and the images committed from them (they keep the labels). The
+  runtime sweeps once per process, at its first start.
 """
 
 from __future__ import annotations
@@ -176,36 +177,50 @@ def _owner_alive(owner: str) -> bool:
         return True  # not a label we wrote: leave the container alone
 
 
-def sweep_leftovers(engine: Engine) -> list[str]:
-    """Remove this host's Conveyor containers whose owner process is gone; their names.
-
-    Containers of live runs (this one included) are left alone, so concurrent runs on one
-    host are safe. Failures are logged, never raised: a sweep must not stop a start."""
+def _stale(engine: Engine, listing: list[str], inspect: list[str], key: str) -> list[str]:
+    """The `key` (`.Name`, `.Id`) of each object `listing` finds (this host's Conveyor ones)
+    whose owner is gone."""
     host = socket.gethostname()
+    filters = ["--filter", f"label={SANDBOX_LABEL}=1", "--filter", f"label={HOST_LABEL}={host}"]
+    listed = engine.run(*listing, *filters, timeout_s=60)
+    ids = listed.stdout.split() if listed.returncode == 0 else []
+    if not ids:
+        return []
+    template = f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
+    inspected = engine.run(*inspect, "--format", f"{{{{{key}}}}} {template}", *ids, timeout_s=60)
+    stale = []
+    for line in inspected.stdout.splitlines():
+        name, _, owner = line.strip().partition(" ")
+        if name and owner and not _owner_alive(owner):
+            stale.append(name.lstrip("/"))
+    return stale
+
+
+def sweep_leftovers(engine: Engine) -> list[str]:
+    """Remove this host's Conveyor containers whose owner process is gone, then the images
+    committed from them (a terminal task's `-verify` image, which carries its container's
+    labels); the names and ids removed.
+
+    Those of live runs (this one included) are left alone, so concurrent runs on one host are
+    safe. Failures are logged, never raised: a sweep must not stop a start."""
+    removed: list[str] = []
     try:
-        listed = engine.run(
-            "ps", "-a", "-q", "--filter", f"label={SANDBOX_LABEL}=1",
-            "--filter", f"label={HOST_LABEL}={host}", timeout_s=60,
-        )  # fmt: skip
-        ids = listed.stdout.split() if listed.returncode == 0 else []
-        if not ids:
-            return []
-        template = f'{{{{.Name}}}} {{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
-        inspected = engine.run("inspect", "--format", template, *ids, timeout_s=60)
-        stale = []
-        for line in inspected.stdout.splitlines():
-            name, _, owner = line.strip().partition(" ")
-            if name and owner and not _owner_alive(owner):
-                stale.append(name.lstrip("/"))
-        if stale:
-            removed = engine.run("rm", "-f", "-v", *stale, timeout_s=300)
-            if removed.returncode != 0:
-                log.warning("could not remove leftover containers: %s", removed.stderr.strip())
-            log.info("removed %d containers left by runs that are gone", len(stale))
-        return stale
+        for what, listing, inspect, key, remove in (
+            ("containers", ["ps", "-a", "-q"], ["inspect"], ".Name", ["rm", "-f", "-v"]),
+            ("images", ["images", "-q"], ["image", "inspect"], ".Id", ["rmi", "-f"]),
+        ):
+            stale = _stale(engine, listing, inspect, key)
+            if not stale:
+                continue
+            done = engine.run(*remove, *stale, timeout_s=300)
+            if done.returncode != 0:
+                log.warning("could not remove leftover %s: %s", what, done.stderr.strip())
+            log.info("removed %d %s left by runs that are gone", len(stale), what)
+            removed += stale
+        return removed
     except OSError as exc:
         log.warning("could not sweep leftover containers: %s", exc)
-        return []
+        return removed
 
 
 _SWEPT: set[Engine] = set()
