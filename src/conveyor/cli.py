@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -659,9 +659,11 @@ def images_build(
 ) -> None:
     """Build the container images a run of `config` needs, ahead of it: for the swe family,
     one image per row of its configured row files (over the base image and a test-environment
-    image per dependency list), each skipped when its tag (a hash of its inputs) is already
-    in the engine's store. With runtime.image set (images pulled from a registry), nothing is
-    built: the missing ones are listed and the exit code is 1."""
+    image per dependency list); for the terminal family, the image of every task folder that
+    runs in its own image (its Dockerfile, FROM mapped by tasks.options.terminal.base_images).
+    Each is skipped when its tag (a hash of its inputs) is already in the engine's store. With
+    runtime.image set (swe images pulled from a registry), nothing is built: the missing ones
+    are listed and the exit code is 1."""
     import time
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -675,8 +677,11 @@ def images_build(
         cfg = load_config(config, overrides=set_ or []).config
     except (ConfigError, ValueError) as exc:
         _fail(str(exc))
+    if "terminal" in cfg.tasks.families and "swe" not in cfg.tasks.families:
+        _terminal_images(cfg, as_json)
+        return
     if "swe" not in cfg.tasks.families:
-        typer.echo("no family of this config uses per-task images (only swe does)")
+        typer.echo("no family of this config uses per-task images (swe and terminal do)")
         if as_json:
             typer.echo(json.dumps({"images": 0, "built": 0, "cached": 0, "seconds": 0.0}))
         return
@@ -725,6 +730,41 @@ def images_build(
         json.dumps(summary)
         if as_json
         else (f"{len(rows)} task images: {built} built, {cached} already there ({seconds} s)")
+    )
+
+
+def _terminal_images(cfg: Any, as_json: bool) -> None:
+    """`images build` for the terminal family: each task folder's image, built unless held."""
+    import asyncio
+
+    from conveyor.runtime.base import RuntimeFailure
+    from conveyor.runtime.engine import engine_available
+    from conveyor.tasks.family import build_families, options_services
+
+    family = build_families(["terminal"], cfg.runtime, options_services(cfg.tasks.options))
+    runtimes = family["terminal"].image_runtimes()  # type: ignore[attr-defined]
+    if runtimes:
+        ok, why = engine_available(runtimes[0].engine)
+        if not ok:
+            _fail(f"{runtimes[0].engine.name} is not usable here: {why}")
+    began, built = time.monotonic(), 0
+    for index, runtime in enumerate(runtimes, start=1):
+        started = time.monotonic()
+        try:
+            made = asyncio.run(runtime.ensure_image())
+        except RuntimeFailure as exc:
+            _fail(f"{runtime.task.name}: {exc}")
+        built += made
+        how = f"built in {time.monotonic() - started:.1f} s" if made else "already built"
+        typer.echo(f"[{index}/{len(runtimes)}] {runtime.image} ({how})", err=as_json)
+    seconds = round(time.monotonic() - began, 1)
+    summary: dict[str, float] = {"images": len(runtimes), "built": built}
+    summary |= {"cached": len(runtimes) - built, "seconds": seconds, "missing": 0}
+    typer.echo(
+        json.dumps(summary)
+        if as_json
+        else f"{len(runtimes)} task images: {built} built, {summary['cached']} already there "
+        f"({seconds} s)"
     )
 
 

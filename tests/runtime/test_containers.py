@@ -369,21 +369,36 @@ def terminal_task(root: Path, base_image: str) -> Path:
 def test_a_terminal_task_runs_and_is_verified_in_its_own_image(
     base_image: str, tmp_path: Path, model_dir: Path
 ) -> None:
+    from typer.testing import CliRunner
+
     from conveyor.app.families import check_family
-    from conveyor.tasks.family import split_of
+    from conveyor.cli import app
+    from conveyor.tasks.family import build_families, options_services, split_of
 
     folder = terminal_task(tmp_path, base_image)
     options = {"dirs": [str(folder)], "shipped": False}
-    config = load_config(
-        None,
-        [
-            "tasks.families=[terminal]",
-            f"tasks.options={{terminal: {json.dumps(options)}}}",
-            "runtime.kind=docker",
-            f"runtime.docker_image={base_image}",  # unused: the task's own image runs
-            f"runtime.engine={ENGINE.name}",
-        ],
-    ).config
+    sets = [
+        "tasks.families=[terminal]",
+        f"tasks.options={{terminal: {json.dumps(options)}}}",
+        "runtime.kind=docker",
+        f"runtime.docker_image={base_image}",  # unused: the task's own image runs
+        f"runtime.engine={ENGINE.name}",
+    ]
+    # `conveyor images build` makes the task's image ahead of the run, then finds it held
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("run:\n  dir: null\n")
+    build = ["images", "build", "--config", str(yaml), "--json"]
+    build += [arg for item in sets for arg in ("--set", item)]
+    config = load_config(None, sets).config
+    family = build_families(["terminal"], config.runtime, options_services(config.tasks.options))
+    (task_runtime,) = family["terminal"].image_runtimes()  # type: ignore[attr-defined]
+    ENGINE.run("rmi", "-f", task_runtime.image, timeout_s=120)  # built by an earlier run here
+    summaries = []
+    for _ in range(2):
+        done = CliRunner().invoke(app, build)
+        assert done.exit_code == 0, done.output
+        summaries.append(json.loads(done.stdout.splitlines()[-1]))
+    assert [(s["images"], s["built"], s["cached"]) for s in summaries] == [(1, 1, 0), (1, 0, 1)]
     report = run(
         check_family(config, "terminal", n=1, split=split_of(folder.name), say=lambda _: None)
     )

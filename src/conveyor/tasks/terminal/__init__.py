@@ -415,6 +415,21 @@ class TerminalFamily:
             if name in self.tasks
         ]
 
+    def image_runtimes(self) -> list[DockerTaskRuntime]:
+        """An unstarted container runtime of every task folder that runs in its own image
+        under this config, by name: what `conveyor images build` builds ahead of a run."""
+        return [
+            DockerTaskRuntime(
+                self.tasks[name],
+                limits=None,
+                docker=self.engine,
+                base_images=self.base_images,
+                verifier_network=self.runtime.verifier_network,
+            )
+            for name in sorted(self.tasks)
+            if _runs_images(self.kinds[name])
+        ]
+
     def tools(self) -> ToolRegistry:
         """`bash` and `finish`."""
         return ToolRegistry([bash, finish])

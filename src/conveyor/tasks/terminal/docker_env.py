@@ -193,9 +193,16 @@ class DockerTaskRuntime(DockerRuntime):
 
     async def start(self) -> None:
         """Build the image (unless the engine holds it), then start the container."""
-        if not await asyncio.to_thread(image_exists, self.engine, self.image):
-            await self._build()
+        await self.ensure_image()
         await super().start()
+
+    async def ensure_image(self) -> bool:
+        """Build the task's image unless the engine holds it; whether it was built
+        (`conveyor images build` calls it ahead of a run)."""
+        if await asyncio.to_thread(image_exists, self.engine, self.image):
+            return False
+        await self._build()
+        return True
 
     async def _build(self) -> None:
         if LOCAL_BASE in self.base_images.values():
