@@ -645,43 +645,34 @@ def test_a_truncated_or_timed_out_conversation_scores_zero() -> None:
         assert run(FAMILY.grade(task, trajectory, runtime)).reward == want
 
 
-class _FakeUserServer:
-    """An OpenAI-compatible chat endpoint whose "model" is a script (no capable user model can
-    run here): it states a request, says ###STOP### once the agent has answered, and stalls
-    past the client's timeout on the first conversation it sees."""
+class _ScriptedEndpoint:
+    """An OpenAI-compatible chat endpoint on a local port whose "model" is `answer` (no model
+    that could play the part runs here): each POST's body in, the reply's text out. A client
+    that gave up before the answer (a stalled one) is not an error of the endpoint."""
+
+    def answer(self, body: dict[str, Any], headers: Any) -> str:
+        raise NotImplementedError
 
     def __init__(self) -> None:
         import http.server
         import threading
-        import time
 
         server = self
-        self.stalled = False
-        self.stops = 0
-        self.lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                assert self.path == "/v1/chat/completions"
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                assert self.path == "/v1/chat/completions" and body["model"] == "scripted"
-                assert self.headers["Authorization"] == "Bearer test-key"
-                agent_lines = [m for m in body["messages"] if m["role"] == "user"][1:]
-                with server.lock:
-                    stall, server.stalled = not server.stalled, True
-                if stall:
-                    time.sleep(3.0)
-                if len(agent_lines) <= 1:
-                    text = "I need help with my order."
-                else:
-                    text = "Thanks, that's all. ###STOP###"
-                    with server.lock:
-                        server.stops += 1
+                text = server.answer(body, self.headers)
                 reply = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                except OSError:  # the client gave up (the stalled answer)
+                    pass
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -693,6 +684,34 @@ class _FakeUserServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class _FakeUserServer(_ScriptedEndpoint):
+    """The customer as a script: it states a request, says ###STOP### once the agent has
+    answered, and stalls past the client's timeout on the first conversation it sees."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stalled = False
+        self.stops = 0
+        self.lock = threading.Lock()
+        super().__init__()
+
+    def answer(self, body: dict[str, Any], headers: Any) -> str:
+        import time
+
+        assert body["model"] == "scripted" and headers["Authorization"] == "Bearer test-key"
+        agent_lines = [m for m in body["messages"] if m["role"] == "user"][1:]
+        with self.lock:
+            stall, self.stalled = not self.stalled, True
+        if stall:
+            time.sleep(3.0)
+        if len(agent_lines) <= 1:
+            return "I need help with my order."
+        with self.lock:
+            self.stops += 1
+        return "Thanks, that's all. ###STOP###"
 
 
 def test_benchmark_protocol_end_to_end_with_an_endpoint_user__fake_user(
@@ -759,54 +778,29 @@ def test_the_parity_command_names_a_missing_side_venv_and_unknown_families(
     assert unknown.exit_code != 0 and "bfcl, tau2" in unknown.output
 
 
-class _FakeJudgeServer:
-    """An OpenAI-compatible chat endpoint whose "judge model" is a script (no judge model can
-    run here): every assertion is met when the conversation holds "cannot add insurance",
-    else not met; a conversation holding "stall" gets no answer before the client's timeout."""
+class _FakeJudgeServer(_ScriptedEndpoint):
+    """The judge as a script: every assertion is met when the conversation holds "cannot add
+    insurance", else not met; a conversation holding "stall" gets no answer before the
+    client's timeout."""
 
     def __init__(self) -> None:
-        import http.server
-        import threading
+        self.asked: list[str] = []
+        super().__init__()
+
+    def answer(self, body: dict[str, Any], headers: Any) -> str:
         import time
 
-        server = self
-        self.asked: list[str] = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                assert self.path == "/v1/chat/completions" and body["model"] == "judge"
-                prompt = body["messages"][-1]["content"]
-                server.asked.append(prompt)
-                if "stall" in prompt:
-                    time.sleep(1.0)
-                wanted = [x[2:] for x in prompt.split("expectedOutcomes:\n")[1].splitlines()]
-                met = "cannot add insurance" in prompt
-                results = [
-                    {"expectedOutcome": w, "reasoning": "scripted", "metExpectation": met}
-                    for w in wanted
-                ]
-                text = "```json\n" + json.dumps({"results": results}) + "\n```"
-                reply = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(reply)))
-                    self.end_headers()
-                    self.wfile.write(reply)
-                except OSError:  # the client gave up (the stalled answer)
-                    pass
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        assert body["model"] == "judge"
+        prompt = body["messages"][-1]["content"]
+        self.asked.append(prompt)
+        if "stall" in prompt:
+            time.sleep(1.0)
+        wanted = [x[2:] for x in prompt.split("expectedOutcomes:\n")[1].splitlines()]
+        met = "cannot add insurance" in prompt
+        results = [
+            {"expectedOutcome": w, "reasoning": "scripted", "metExpectation": met} for w in wanted
+        ]
+        return "```json\n" + json.dumps({"results": results}) + "\n```"
 
 
 def test_nl_assertions_are_judged_by_the_configured_judge__fake_judge() -> None:
