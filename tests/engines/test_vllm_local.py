@@ -253,3 +253,50 @@ def test_close_tears_vllm_down_at_once_not_whenever_the_collector_runs(model_dir
     assert client._finalizer.alive
     asyncio.run(engine.close())
     assert not client._finalizer.alive
+
+
+def test_an_output_format_is_enforced_by_vllm_structured_outputs(
+    engine: Any, tokenizer: Any
+) -> None:
+    """`SampleRequest.output_format` on in-process vLLM (its structured outputs, xgrammar):
+    the greedy reply follows the JSON schema where the free one does not; with a tool-call
+    opening allowed (the grammar union, sent as EBNF) the JSON reply is still accepted."""
+    import json
+
+    from conveyor.engines.base import OutputFormat
+
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Is the sky blue?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    shaped = OutputFormat(type="json_schema", schema_text=json.dumps(schema))
+
+    async def reply(form: OutputFormat | None) -> str:
+        request = SampleRequest(
+            prompt_ids=prompt, max_tokens=16, temperature=0.0, output_format=form
+        )
+        result = await engine.sample(request)
+        return str(tokenizer.decode(result.token_ids, skip_special_tokens=True))
+
+    async def go() -> tuple[str, str, str]:
+        return (
+            await reply(None),
+            await reply(shaped),
+            await reply(shaped.model_copy(update={"tool_call_open": "<tool_call>"})),
+        )
+
+    free, constrained, either = asyncio.run(go())
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free)
+    value = json.loads(constrained)  # compact: no whitespace to spend the budget on
+    assert set(value) == {"ok"} and isinstance(value["ok"], bool), constrained
+    # with tools offered: the JSON reply or a tool call's opening (then free text), nothing else
+    assert either.startswith("<tool_call>") or set(json.loads(either)) == {"ok"}, either

@@ -696,13 +696,13 @@ def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 
 def _structured_outputs(request: SampleRequest) -> Any:
     """vLLM's `StructuredOutputsParams` for the request's output format (None: sample freely):
-    the same grammar as the HF engine's (`OutputFormat.grammar`), as EBNF for vLLM's xgrammar
-    backend when a tool call may open the reply, else as the JSON schema, compact."""
+    the same grammar as the HF engine's (`OutputFormat.grammar`: compact JSON, or a tool call's
+    opening), as EBNF for vLLM's xgrammar backend. (Sent as a JSON schema, vLLM 0.32 ignored the
+    request's `disable_any_whitespace` and SmolLM2 spent its tokens on newlines inside the
+    object.)"""
     form = request.output_format
     if form is None:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
-    if form.tool_call_open:
-        return StructuredOutputsParams(grammar=str(form.grammar()))
-    return StructuredOutputsParams(json=form.json_schema(), disable_any_whitespace=True)
+    return StructuredOutputsParams(grammar=str(form.grammar()))
