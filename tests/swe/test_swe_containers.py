@@ -11,6 +11,9 @@ needs it and then found in the engine's store (its tag is a hash of its inputs).
 - a rollout of the swe family under `runtime.kind: container`: the agent's commands run in the
   row's container (the repository at /testbed, the image's Python, no network), the oracle's
   edits are graded in a container too, and `close` removes it;
+- an exported row (`conveyor tasks export`: the SWE-bench record of the tiny row) graded by
+  `conveyor tasks grade --set runtime.kind=container` with swebench's test command and parser
+  inside its image: gold resolves, empty does not, a forged test log is tampering;
 - `conveyor images build --config C`: the run's image found in the store (nothing built); with
   `runtime.image`, the missing pulled images listed and exit 1;
 - refusals: a run whose images are missing refuses to start, naming the rows and the command
@@ -117,6 +120,80 @@ def test_tasks_grade_in_the_rows_container(row_image_tag: str, tmp_path: Path) -
     assert code == 0, out
     verdict = json.loads(out.strip().splitlines()[-1])
     assert verdict["resolved"] is False and verdict["tampered"] is True
+    assert _leftovers() == []
+
+
+# An atexit hook of the project's module: after pytest's real summary, it prints the
+# row's tests as PASSED, its own end marker and exit status, and exits 0 (swebench's parser
+# keeps a test's last line, its exit-status cross-check reads the first status line).
+FAKE_LOG = """
+
+def _conveyor_fake_log():
+    import os
+    tests = ["tests/test_calc.py::test_add", "tests/test_hidden.py::test_add_negative",
+             "tests/test_calc.py::test_clamp_low", "tests/test_calc.py::test_clamp_mid"]
+    lines = [f"PASSED {t}" for t in tests]
+    lines += [">>>>> End Test Output", ">>>>> Test Exit Code: 0"]
+    os.write(1, ("\\n".join(lines) + "\\n").encode())
+    os._exit(0)
+
+
+import atexit as _conveyor_atexit
+_conveyor_atexit.register(_conveyor_fake_log)
+"""
+
+
+@needs_engine
+def test_an_exported_swebench_row_is_log_graded_in_its_container(
+    row_image_tag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One path for both kinds: the factory row exported as a SWE-bench record (eval_script,
+    log_parser, image) is graded by swebench's test command and parser inside its locally
+    built image; gold resolves, empty does not, a forged test log is tampering."""
+    from conveyor.runtime.docker import DockerRuntime
+    from conveyor.tasks.swe.swebench_spec import START, uses_log_grading
+
+    write_rows(tmp_path / "rows.jsonl", [tiny_row()])
+    rows = tmp_path / "swebench.jsonl"
+    exported = CliRunner().invoke(
+        tasks_app, ["export", "--tasks", str(tmp_path / "rows.jsonl"), "--out", str(rows)]
+    )
+    assert exported.exit_code == 0, exported.output
+    record = json.loads(rows.read_text().splitlines()[0])
+    assert record["log_parser"] == "parse_log_pytest" and "eval_script" in record
+    row = SweRow.model_validate(record)
+    assert uses_log_grading(row) and row_image(row, CONTAINER) == row_image_tag
+    ran: list[str] = []
+    exec_ = DockerRuntime.exec
+
+    async def spy(self: DockerRuntime, command: str, *args: object, **kw: object) -> object:
+        ran.append(f"{self.image} {command}")
+        return await exec_(self, command, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DockerRuntime, "exec", spy)
+    container = ["--set", "runtime.kind=container"]
+
+    code, out = _grade_cli(rows, "--gold", *container)
+    assert code == 0, out
+    gold = json.loads(out.strip().splitlines()[-1])
+    assert gold["resolved"] is True and gold["f2p_passed"] == 2 and gold["p2p_passed"] == 3
+    # the harness's test command between its markers ran in the row's image
+    logged = [c for c in ran if START in c]
+    assert logged and all(c.startswith(row_image_tag) for c in logged)
+    assert "python -m pytest -rA" in logged[0]
+
+    code, out = _grade_cli(rows, *container)
+    assert code == 0, out
+    empty = json.loads(out.strip().splitlines()[-1])
+    assert empty["resolved"] is False and empty["f2p_passed"] == 0
+
+    forged = tmp_path / "forged.diff"
+    forged.write_text(file_diff("tinycalc/__init__.py", buggy_calc(), buggy_calc() + FAKE_LOG))
+    code, out = _grade_cli(rows, "--patch", str(forged), *container)
+    assert code == 0, out
+    verdict = json.loads(out.strip().splitlines()[-1])
+    assert verdict["resolved"] is False and verdict["tampered"] is True, out
+    assert "forged test report" in out
     assert _leftovers() == []
 
 

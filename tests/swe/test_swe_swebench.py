@@ -117,7 +117,9 @@ def test_factory_rows_export_as_records_the_official_package_accepts(tmp_path: P
     again = load_rows(out)
     assert [r.FAIL_TO_PASS for r in again] == [r.FAIL_TO_PASS for r in rows]
     assert [r.env for r in again] == [r.env for r in rows]
-    assert not uses_log_grading(again[0]) and uses_log_grading(again[1])
+    # a record carries its harness script: graded as the harness grades it (its log)
+    assert uses_log_grading(again[0]) and uses_log_grading(again[1])
+    assert not uses_log_grading(rows[0])
     # swebench's pytest parser keys a test by its id up to the first space (as its datasets
     # store such ids): the record carries that form, and ours whole beside it
     spaced = "tests/test_calc.py::test_add[a b]"

@@ -510,7 +510,10 @@ async def apply_patches(
 
 
 async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) -> GradeReport:
-    """Grade `patch` (a diff against the row's starting state) from scratch; see module doc."""
+    """Grade `patch` (a diff against the row's starting state) from scratch: a SWE-bench-format
+    row (`swebench_spec.uses_log_grading`) from its test log (`log_grading.grade_log`), a
+    factory row through the pytest outcome channel (`grade_pytest`, the module doc). Either
+    runs its tests in bubblewrap or, under runtime 'container', in the row's image."""
     options = options or GradingOptions()
     from conveyor.tasks.swe.swebench_spec import uses_log_grading
 
@@ -518,6 +521,15 @@ async def grade(row: SweRow, patch: str, options: GradingOptions | None = None) 
         from conveyor.tasks.swe.log_grading import grade_log
 
         return await grade_log(row, patch, options)
+    return await grade_pytest(row, patch, options)
+
+
+async def grade_pytest(
+    row: SweRow, patch: str, options: GradingOptions | None = None
+) -> GradeReport:
+    """Grade `patch` for a `pypi:` pytest row through the pytest outcome channel (the module
+    doc), whatever grader the row's format would pick (the parity check's 'ours')."""
+    options = options or GradingOptions()
     start = time.monotonic()
     template = await run_in_pool("reward", row_template, row)
     env = await run_in_pool("reward", row_environment, row, options)

@@ -6,11 +6,16 @@ pytest's), and the parity check's second grader for pytest rows.
 fresh workspace of the starting state, the whole patch with `git apply`, protected and untrusted
 changes reverted from the tree (`guards.restore_protected`), the hidden test patch (one that does
 not apply to the starting state is a `TaskDefect`), tests in the bubblewrap sandbox (no network,
-the test venv read-only; a sandbox that cannot start is a `RuntimeFailure`, never an
-unsandboxed run). Then it runs the row's test command (`swebench_spec.row_test_command`) between the
-harness's markers, its exit status recorded after them, and hands the log to swebench's
+the test venv read-only) or, under runtime 'container', in a container of the row's image (an
+exported factory row's locally built one; the tree guard protects that image's venv modules);
+a sandbox, engine or image that is missing is a `RuntimeFailure`, never an unsandboxed run.
+Then it runs the row's test command (`swebench_spec.row_test_command`) between the harness's
+markers, its exit status recorded after them, and hands the log to swebench's
 `get_logs_eval` (which refuses a log without its markers, and one whose command exited non-zero
 while reporting no failure: a patch printing its own "PASSED" lines) and its report functions.
+A log whose harness markers appear more than once, or that reports a graded test (or canary)
+with two different statuses (`swebench_spec.forged_report`: forged lines beside the real ones,
+which swebench's parser would let win), is tampering: not resolved.
 A pytest-parsed row also gets its canaries (inserted into its test modules, so they run with
 the test files; one that passed is tampering), as in `grading`. Parsers of other runners have
 no canaries: their defences are the tree guard, the sandbox and the exit-status cross-check.
@@ -22,9 +27,12 @@ for F2P and SKIPPED for P2P: the `swebench` semantics take its verdict as it is)
 from __future__ import annotations
 
 import shlex
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+from conveyor.runtime.base import Runtime
 from conveyor.runtime.cpu_pools import run_in_pool
 from conveyor.runtime.limits import SandboxLimits
 from conveyor.runtime.selection import started
@@ -32,6 +40,7 @@ from conveyor.runtime.workspace import make_workspace
 from conveyor.tasks.swe import canaries
 from conveyor.tasks.swe.dataset import SweRow
 from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.images import TESTBED
 from conveyor.tasks.swe.options import GradingOptions
 from conveyor.tasks.swe.swebench_spec import (
     OUTCOME_OF_STATUS,
@@ -39,6 +48,7 @@ from conveyor.tasks.swe.swebench_spec import (
     STATUS_OF_OUTCOME,
     LogVerdict,
     decide,
+    forged_report,
     parser_name,
     read_statuses,
     row_test_command,
@@ -51,27 +61,48 @@ _LOG_TAIL = 4000
 
 async def run_logged(row: SweRow, workspace: Any, options: GradingOptions) -> tuple[str, bool]:
     """(the log, whether the run timed out) of the row's test command over `workspace` (a
-    host folder) in the grading sandbox, with the row's test venv and importable project."""
+    host folder) in the grading sandbox, with the row's test venv and importable project:
+    bubblewrap, or under runtime 'container' a container of the row's image with the workspace
+    at /testbed (`grading.container_test_runtime`: no network, the sandbox user, the limits)."""
     from conveyor.tasks.swe.grading import (
+        container_test_runtime,
         make_test_runtime,
+        row_container,
         row_environment,
         row_metadata,
         test_env_vars,
     )
 
-    env = await run_in_pool("reward", row_environment, row)
-    metadata = await run_in_pool("reward", row_metadata, row)
-    mounts = [metadata] if metadata is not None else []
+    env = await run_in_pool("reward", row_environment, row, options)
+    metadata = await run_in_pool("reward", row_metadata, row, options)
     limits = SandboxLimits(memory_bytes=options.memory_bytes)
-    runtime = make_test_runtime(workspace, env, options.runtime, limits, mounts)
-    runtime.extra_env.update(test_env_vars(env, str(runtime.root), row.env.pythonpath, metadata))
     script = wrap_command(row_test_command(row))
-    await started(runtime)
-    try:
-        result = await runtime.exec(f"bash -c {shlex.quote(script)} 2>&1", options.run_timeout_s)
-    finally:
-        await runtime.close()
+    command = f"bash -c {shlex.quote(script)} 2>&1"
+    runtime: Runtime
+    with tempfile.TemporaryDirectory(prefix="log-run-", dir=_runs_dir()) as run_dir:
+        if options.runtime == "container":
+            # Fails closed: no engine or no image is a RuntimeFailure, never a score.
+            target = await run_in_pool("reward", row_container, row, options)
+            variables = test_env_vars(env, TESTBED, row.env.pythonpath, metadata)
+            runtime = container_test_runtime(target, workspace, Path(run_dir), limits, variables)
+        else:
+            mounts = [metadata] if metadata is not None else []
+            runtime = make_test_runtime(workspace, env, options.runtime, limits, mounts)
+            runtime.extra_env.update(
+                test_env_vars(env, str(runtime.root), row.env.pythonpath, metadata)
+            )
+        await started(runtime)
+        try:
+            result = await runtime.exec(command, options.run_timeout_s)
+        finally:
+            await runtime.close()
     return result.stdout + result.stderr, result.timed_out
+
+
+def _runs_dir() -> Path:
+    folder = swe_home() / "grades"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _as_run(statuses: dict[str, str]) -> TestRun:
@@ -97,7 +128,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     pytest_ids = parser_name(row) in PYTEST_PARSERS
     row_test_command(row)  # a row without a test command is refused before any work
     template = await run_in_pool("reward", row_template, row)
-    env = await run_in_pool("reward", row_environment, row)
+    env = await run_in_pool("reward", row_environment, row, options)
     rules = await run_in_pool("reward", task_protection_rules, row, template, env)
     base: dict[str, Any] = dict(instance_id=row.instance_id, f2p_total=len(row.FAIL_TO_PASS))
     base |= dict(p2p_total=len(row.PASS_TO_PASS), f2p_passed=0, p2p_passed=0)
@@ -111,8 +142,10 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
         log, timed_out = await run_logged(row, workspace.path, options)
     finally:
         await run_in_pool("reward", workspace.remove)
-    statuses, valid = read_statuses(row, log, [n for c in found for n in (c.nodeid, c.real)])
-    valid = valid and not timed_out
+    names = [n for c in found for n in (c.nodeid, c.real)]
+    statuses, valid = read_statuses(row, log, names)
+    forged = forged_report(row, log, names)
+    valid = valid and not timed_out and forged is None
     run = _as_run(statuses)
     check = canaries.check(found, run, options.semantics)
     listed = canaries.as_listed(run, found)
@@ -132,6 +165,9 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
             "failure code, or a non-zero exit status while the log reports no failure)"
         )
     tripped = [f"tampering: canary {n} passed (it must fail)" for n in check.tampered]
+    if forged is not None:
+        tripped.insert(0, f"tampering: forged test report: {forged}")
+        error = tripped[0]
     if not check.holds:
         resolved = False
         error = error or (tripped or [f"canary did not fail: {check.did_not_fail[0]}"])[0]

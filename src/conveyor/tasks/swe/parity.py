@@ -22,10 +22,10 @@ def status(outcome: str) -> str:
 
 async def parity_case(row: SweRow, patch: str, options: GradingOptions) -> dict[str, Any]:
     """One row and patch graded both ways, and where they differ."""
-    from conveyor.tasks.swe.grading import grade
+    from conveyor.tasks.swe.grading import grade_pytest
     from conveyor.tasks.swe.log_grading import grade_log
 
-    ours = await grade(row, patch, options)
+    ours = await grade_pytest(row, patch, options)
     theirs = await grade_log(row, patch, options)
     differ = {
         test: [status(ours.outcomes.get(test, "")), status(theirs.outcomes.get(test, ""))]

@@ -20,8 +20,9 @@ end markers with the named parser (`swebench.harness.log_parsers.PARSER_REGISTRY
   `get_logs_eval` (the markers, its failure codes, the exit-status cross-check it records) and
   `get_eval_tests_report` / `get_resolution_status`.
 - `uses_log_grading(row)`: whether the grader reads this row's verdict from the log through
-  the parser (`log_grading`): every row whose tests do not run under pytest in our host
-  sandbox; our `pypi:` pytest rows keep the pytest outcome channel (`grading`).
+  the parser (`log_grading`): every SWE-bench-format record (it carries its `eval_script`; an
+  exported factory row too) and every row whose tests do not run under pytest; the factory's
+  own `pypi:` pytest rows keep the pytest outcome channel (`grading`).
 
 `swebench` is imported only here and only when used (the `swe` extra of pyproject).
 """
@@ -104,8 +105,13 @@ def parser_name(row: SweRow) -> str:
 
 def uses_log_grading(row: SweRow) -> bool:
     """Whether the row is graded from its test log by its swebench parser (`log_grading`)
-    rather than by the pytest outcome channel: every row but our `pypi:` pytest rows."""
-    return row.project is None or parser_name(row) not in PYTEST_PARSERS
+    rather than by the pytest outcome channel: every row but our factory's `pypi:` pytest rows
+    as the factory writes them. A SWE-bench-format record (one carrying its harness
+    `eval_script`, as `conveyor tasks export` writes our rows) is graded as the harness grades
+    it: its test command, its parser."""
+    if row.eval_script is not None or row.project is None:
+        return True
+    return parser_name(row) not in PYTEST_PARSERS
 
 
 def row_test_files(row: SweRow) -> list[str]:
@@ -266,6 +272,32 @@ def read_statuses(row: SweRow, log: str, also: Sequence[str] = ()) -> tuple[dict
         if key != test and key in statuses:
             statuses[test] = statuses[key]
     return statuses, bool(found)
+
+
+def forged_report(row: SweRow, log: str, also: Sequence[str] = ()) -> str | None:
+    """Why `log` (a run of `wrap_command`) cannot be the report of the run, else None: a
+    harness marker printed more than once (the tested code printed its own start, end or exit
+    status line: swebench reads the first end marker and the first exit status), or, for a
+    pytest-parsed row, one of its F2P/P2P tests or `also` (canaries) reported with two
+    different statuses (forged lines beside the real ones; swebench keeps the last). A test
+    that pytest reports both as ERROR (in teardown) and PASSED counts as forged too: the
+    verdict fails closed."""
+    for marker in (START, END, EXIT_CODE):
+        count = sum(line.startswith(marker) for line in log.splitlines())
+        if count > 1:
+            return f"the log has {count} {marker!r} lines: the tested code printed its own"
+    if parser_name(row) not in PYTEST_PARSERS:
+        return None
+    from swebench.harness.log_parsers import PARSER_REGISTRY
+
+    parse, spec = PARSER_REGISTRY[parser_name(row)], _spec(row)
+    graded = {harness_id(row, t) for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *also]}
+    seen: dict[str, str] = {}
+    for line in log.splitlines():
+        for test, status in parse(line, spec).items():
+            if test in graded and seen.setdefault(test, status) != status:
+                return f"{test} is reported both {seen[test]} and {status}"
+    return None
 
 
 def decide(row: SweRow, statuses: dict[str, str], valid: bool) -> LogVerdict:
