@@ -224,7 +224,9 @@ TWO_STEPS = [
     "tasks.group_size=2",
     "rl.tasks_per_step=4",
     "rl.steps=2",
-    "rl.eval.tasks=1",  # greedy evaluations before and after, their runtimes placed too
+    # no in-run evaluations: the `conveyor eval` on the same cluster below places its runtimes
+    # on the sandbox node (four more greedy passes here cost ~30 s of CI for no other check)
+    "rl.eval.tasks=0",
     "rl.warm_start.steps=0",
     "rl.checkpoints.every=2",
     "agent.max_turns=2",
@@ -235,7 +237,7 @@ TWO_STEPS = [
     # ranks summing bf16 gradients differ from one process by ~1e-4 (grad norm, measured)
     "trainer.dtype=float32",
 ]
-ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size (and 2 evaluation rollouts)
+ROLLOUTS = 2 * 4 * 2  # steps x tasks x group size
 WEIGHT_TOLERANCE = 1e-5
 OBJECT_STORE_BYTES = 1536 * 1024**2  # the float32 weights (0.54 GB) with room for the batch
 
@@ -341,7 +343,8 @@ def test_two_rl_steps_on_a_four_node_cluster_equal_a_single_process_run(
             "TrainerWorker": {trainer.node_id},
             "EngineReplicaHost": {engine.node_id},
         }
-        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 2 + 2
+        # the training rollouts' runtimes and the evaluation's two
+        assert counts["TrainerWorker"] == 2 and counts["RuntimeHost"] >= ROLLOUTS + 2
         assert counts["EngineReplicaHost"] == 1
     finally:
         cluster.shutdown()
@@ -372,12 +375,6 @@ def test_two_rl_steps_on_a_four_node_cluster_equal_a_single_process_run(
     moved = max(float((reference[k] - base[k]).abs().max()) for k in reference if k in base)
     assert worst < WEIGHT_TOLERANCE < moved / 10, (worst, moved)
     assert (ray_dir / "checkpoints").is_dir()  # written by the workers, where the driver said
-    for name in ("eval_before.json", "eval_after.json"):
-        got, want = (
-            json.loads((ray_dir / name).read_text()),
-            json.loads((single_dir / name).read_text()),
-        )
-        assert (got["n"], got["pass_rate"]) == (want["n"], want["pass_rate"]) and got["n"] == 1
 
 
 def _guarded_servers() -> list[str]:

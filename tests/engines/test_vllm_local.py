@@ -220,41 +220,9 @@ def test_a_prefix_cached_before_a_weight_update_is_never_reused_after_it(
     assert max(abs(a - b) for a, b in zip(old.logprobs, fresh.logprobs, strict=False)) > 1e-2
 
 
-def test_commands_to_a_dead_engine_fail_instead_of_hanging(model_dir: Path) -> None:
-    from conveyor.engines.base import EngineError
-    from conveyor.engines.vllm_local import VLLMEngine
-
-    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
-
-    def crash() -> None:  # the one fake: the engine thread dies between two commands
-        raise SystemExit("engine thread crashed")
-
-    async def go() -> None:
-        engine._commands.put(crash)
-        with pytest.raises(EngineError, match="crashed"):
-            await engine.update_weights([], 1)
-        with pytest.raises(EngineError, match="not running"):
-            await engine.weight_fingerprint([1, 2, 3])
-        await engine.close()
-
-    asyncio.run(go())
-
-
-def test_close_tears_vllm_down_at_once_not_whenever_the_collector_runs(model_dir: Path) -> None:
-    # vLLM's teardown destroys the process-wide parallel groups. Left to the garbage
-    # collector (the engine is a reference cycle through its thread), an old engine's teardown
-    # can run while a newer engine starts in the same process and break it: a CI run failed
-    # so ("pipeline model parallel group is not initialized"). After `close` nothing of the
-    # engine may be left for the collector to tear down.
-    from conveyor.engines.vllm_local import VLLMEngine
-
-    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
-    client = engine._engine.engine_core  # vLLM's in-process client, torn down by a finalizer
-    assert client._finalizer.alive
-    asyncio.run(engine.close())
-    assert not client._finalizer.alive
-
-
+# Before the tests below: closing a second in-process engine tears down vLLM's process-wide
+# parallel state, which the module engine needs (it then fails with "pipeline model parallel
+# group is not initialized").
 def test_an_output_format_is_enforced_by_vllm_structured_outputs(
     engine: Any, tokenizer: Any
 ) -> None:
@@ -300,3 +268,38 @@ def test_an_output_format_is_enforced_by_vllm_structured_outputs(
     assert set(value) == {"ok"} and isinstance(value["ok"], bool), constrained
     # with tools offered: the JSON reply or a tool call's opening (then free text), nothing else
     assert either.startswith("<tool_call>") or set(json.loads(either)) == {"ok"}, either
+
+
+def test_commands_to_a_dead_engine_fail_instead_of_hanging(model_dir: Path) -> None:
+    from conveyor.engines.base import EngineError
+    from conveyor.engines.vllm_local import VLLMEngine
+
+    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
+
+    def crash() -> None:  # the one fake: the engine thread dies between two commands
+        raise SystemExit("engine thread crashed")
+
+    async def go() -> None:
+        engine._commands.put(crash)
+        with pytest.raises(EngineError, match="crashed"):
+            await engine.update_weights([], 1)
+        with pytest.raises(EngineError, match="not running"):
+            await engine.weight_fingerprint([1, 2, 3])
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_close_tears_vllm_down_at_once_not_whenever_the_collector_runs(model_dir: Path) -> None:
+    # vLLM's teardown destroys the process-wide parallel groups. Left to the garbage
+    # collector (the engine is a reference cycle through its thread), an old engine's teardown
+    # can run while a newer engine starts in the same process and break it: a CI run failed
+    # so ("pipeline model parallel group is not initialized"). After `close` nothing of the
+    # engine may be left for the collector to tear down.
+    from conveyor.engines.vllm_local import VLLMEngine
+
+    engine = VLLMEngine(model_dir, max_num_seqs=2, max_model_len=512, kv_cache_gib=1)
+    client = engine._engine.engine_core  # vLLM's in-process client, torn down by a finalizer
+    assert client._finalizer.alive
+    asyncio.run(engine.close())
+    assert not client._finalizer.alive
