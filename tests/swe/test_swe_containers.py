@@ -180,13 +180,29 @@ def test_an_exported_swebench_row_is_log_graded_in_its_container(
     # the harness's test command between its markers ran in the row's image
     logged = [c for c in ran if START in c]
     assert logged and all(c.startswith(row_image_tag) for c in logged)
-    assert "python -m pytest -rA" in logged[0]
+    # the row's own pytest arguments, started by our bootstrap (the in-process defences on)
+    assert "conveyor_pytest.py" in logged[0] and "-rA" in logged[0]
 
     code, out = _grade_cli(rows, *container)
     assert code == 0, out
     empty = json.loads(out.strip().splitlines()[-1])
     assert empty["resolved"] is False and empty["f2p_passed"] == 0
 
+    # A plugin forcing the hidden tests' reports to pass (pytest's own log and exit status
+    # agree with it) is seen by the bootstrap's plugin check inside the container.
+    plugin = tmp_path / "plugin.diff"
+    attack = payload("plugin_without_file", list(row.FAIL_TO_PASS))
+    plugin.write_text(file_diff("tinycalc/__init__.py", buggy_calc(), buggy_calc() + attack))
+    code, out = _grade_cli(rows, "--patch", str(plugin), *container)
+    assert code == 0, out
+    verdict = json.loads(out.strip().splitlines()[-1])
+    assert verdict["resolved"] is False and verdict["tampered"] is True, out
+
+    # A command that is not one plain pytest run runs as written, without the bootstrap: there
+    # the log's own checks catch an atexit hook printing a forged report.
+    assert row.eval_script is not None
+    script = row.eval_script.replace("python -m pytest", "cd /testbed && python -m pytest")
+    write_rows(rows, [row.model_copy(update={"eval_script": script})])
     forged = tmp_path / "forged.diff"
     forged.write_text(file_diff("tinycalc/__init__.py", buggy_calc(), buggy_calc() + FAKE_LOG))
     code, out = _grade_cli(rows, "--patch", str(forged), *container)

@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from factory_sets import edited_rollout_reward
 from swebench.harness.utils import get_predictions_from_file, make_test_spec
 from tiny_django_project import django_row
-from tiny_project import tiny_row
+from tiny_project import buggy_calc, tiny_row
+from trust_attacks import payload
 from typer.testing import CliRunner
 
 from conveyor.cli import app
@@ -237,3 +239,50 @@ def test_a_log_graded_row_fails_closed_without_its_sandbox(monkeypatch: pytest.M
     row = django_row()
     with pytest.raises(RuntimeFailure, match="grading never runs unsandboxed"):
         asyncio.run(grade(row, row.patch))
+
+
+# Targeted attacks (the hidden F2P ids known to the attacker, so no canary can catch them) that
+# rewrite what pytest itself reports, log lines and exit status alike: swebench's parser alone
+# would pay them. (The trust tests' import hook and tracer skip asserts only where a statement
+# follows them, which the tiny project's tests lack: test_swe_trust.py runs it on toolz.)
+LOG_FORGERIES = ["plugin_without_file", "plugin_claiming_pytest_module"]
+
+
+def _exported_attack(attack: str) -> tuple[SweRow, dict[str, object]]:
+    """The tiny row as a SWE-bench record (log-graded), and the editor call appending the
+    targeted attack to the module its hidden tests import."""
+    row = SweRow.model_validate(to_swebench(tiny_row()))
+    assert uses_log_grading(row) and parser_name(row) == "parse_log_pytest"
+    arguments: dict[str, object] = {
+        "command": "insert",
+        "path": "/workspace/tinycalc/__init__.py",
+        "insert_line": buggy_calc().count("\n"),
+        "new_str": payload(attack, list(row.FAIL_TO_PASS)),
+    }
+    return row, arguments
+
+
+@needs_sandbox
+@pytest.mark.parametrize("attack", LOG_FORGERIES)
+def test_a_log_graded_pytest_row_runs_under_the_in_process_defences(attack: str) -> None:
+    """Through the RL path (a rollout's workspace edited with the real editor, rewarded by the
+    reward stage): the exported row's own test command runs through our bootstrap, so a forgery
+    of pytest's reports is caught as tampering and scores 0."""
+    row, arguments = _exported_attack(attack)
+    trajectory = edited_rollout_reward(row, [arguments])
+    assert trajectory.reward == 0.0, trajectory.messages[-1:]
+    assert trajectory.metrics["reward/tampered"] == 1.0
+
+
+@needs_sandbox
+def test_the_log_forgeries_are_paid_without_the_in_process_defences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The adversaries are real: with the bootstrap's defences off, the same edits score 1 on
+    the log grader (swebench's parser reads the forged report as it stands)."""
+    from conveyor.tasks.swe import test_run
+
+    monkeypatch.setattr(test_run, "HARDENING", dict.fromkeys(test_run.HARDENING, False))
+    for attack in LOG_FORGERIES:
+        row, arguments = _exported_attack(attack)
+        assert edited_rollout_reward(row, [arguments]).reward == 1.0, attack

@@ -33,7 +33,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,6 +267,53 @@ async def run_tests(
         args = sorted({nodeid.split("::")[0] for nodeid in select})
         if not args:
             return TestRun()
+    files = " ".join(shlex.quote(a) for a in args)
+    # The row's pytest flags, then ours: on a flag given twice, the grader's wins.
+    row_flags = shlex.join(parse_test_command(test_cmd).pytest_flags)
+
+    def command(run_json: str, root: str) -> str:
+        return (
+            f"{pytest_command(test_cmd, env)} {shlex.quote(run_json)} "
+            f"{row_flags} {_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
+        )
+
+    run, result = await run_in_channel(
+        workspace,
+        env,
+        command,
+        select=select,
+        pythonpath=pythonpath,
+        per_test_timeout_s=per_test_timeout_s,
+        run_timeout_s=run_timeout_s,
+        runtime_kind=runtime_kind,
+        limits=limits,
+        metadata=metadata,
+        test_files=test_files,
+        container=container,
+    )
+    run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
+    return run
+
+
+async def run_in_channel(
+    workspace: Path,
+    env: TestEnvironment,
+    command: Callable[[str, str], str],
+    *,
+    select: list[str] | None,
+    pythonpath: str,
+    per_test_timeout_s: float,
+    run_timeout_s: float,
+    runtime_kind: str,
+    limits: SandboxLimits | None,
+    metadata: Path | None,
+    test_files: Sequence[str] | None,
+    container: ContainerTarget | None,
+) -> tuple[TestRun, ExecResult]:
+    """Run `command(run_json, root)` (a shell command starting our bootstrap with that run
+    file; `root`: the workspace as the sandbox sees it) over `workspace` in the grading sandbox
+    (`run_tests`' settings), with the outcome channel set up; (the checked run, the process's
+    result with the channel's lines taken out of it)."""
     # A scratch folder of the test command's own (coverage data, ...): nothing graded is read
     # from it.
     scratch = workspace / GRADE_DIR
@@ -311,22 +358,16 @@ async def run_tests(
         os.chmod(shared / "run.json", 0o644)
         if isinstance(runtime, (BubblewrapRuntime, LocalRuntime)):
             runtime.extra_env.update(test_env_vars(env, root, pythonpath, metadata))
-        files = " ".join(shlex.quote(a) for a in args)
-        # The row's pytest flags, then ours: on a flag given twice, the grader's wins.
-        row_flags = shlex.join(parse_test_command(test_cmd).pytest_flags)
-        command = (
-            f"{pytest_command(test_cmd, env)} {shlex.quote(run_json)} "
-            f"{row_flags} {_PYTEST_OPTIONS} --rootdir={shlex.quote(root)} {files}"
-        )
+        line = command(run_json, root)
         if container is not None:
-            command += " 3>&1 1>&2"
+            line = f"{{ {line}; }} 3>&1 1>&2"
         await started(runtime)  # waits for the run's start limits: not the tests' time
         start = time.monotonic()
         try:
             if container is not None:
-                result: ExecResult = await runtime.exec(command, run_timeout_s)
+                result: ExecResult = await runtime.exec(line, run_timeout_s)
             else:
-                result = await runtime.exec(command, run_timeout_s, pass_fds=(fd,))  # type: ignore[call-arg]
+                result = await runtime.exec(line, run_timeout_s, pass_fds=(fd,))  # type: ignore[call-arg]
         finally:
             await runtime.close()
         os.close(fd)
@@ -341,8 +382,7 @@ async def run_tests(
         shutil.rmtree(private, ignore_errors=True)
     run = read_channel(text, exit_code=result.exit_code, timed_out=result.timed_out)
     run.seconds = time.monotonic() - start
-    run.log_tail = (result.stdout + result.stderr)[-_LOG_TAIL_BYTES:]
-    return run
+    return run, result
 
 
 def _declared_test_files(workspace: Path, test_files: Sequence[str] | None) -> list[str]:

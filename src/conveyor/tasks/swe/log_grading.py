@@ -17,8 +17,15 @@ A log whose harness markers appear more than once, or that reports a graded test
 with two different statuses (`swebench_spec.forged_report`: forged lines beside the real ones,
 which swebench's parser would let win), is tampering: not resolved.
 A pytest-parsed row also gets its canaries (inserted into its test modules, so they run with
-the test files; one that passed is tampering), as in `grading`. Parsers of other runners have
-no canaries: their defences are the tree guard, the sandbox and the exit-status cross-check.
+the test files; one that passed is tampering), as in `grading`. When its test command is one
+plain pytest run (`test_command.pytest_invocation`), that command is started through our
+bootstrap (`grading.run_in_channel`): the row's arguments unchanged, the in-process defences
+on (audit hook, plugin check, snapshot, item check; no `atexit` hook runs after pytest), and
+the outcomes on the channel as well as in the log. A tamper record or a broken channel refuses
+the verdict, and a graded test or canary the log claims passing that the channel reports
+otherwise is a forged report (`channel_disagrees`). Other commands and parsers of other
+runners have no bootstrap (nor, for other runners, canaries): their defences are the tree
+guard, the sandbox, `forged_report` and the exit-status cross-check.
 
 Under the `strict` semantics a test counts only with status PASSED (SWE-bench also counts XFAIL
 for F2P and SKIPPED for P2P: the `swebench` semantics take its verdict as it is).
@@ -43,6 +50,7 @@ from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.images import TESTBED
 from conveyor.tasks.swe.options import GradingOptions
 from conveyor.tasks.swe.swebench_spec import (
+    EXIT_VAR,
     OUTCOME_OF_STATUS,
     PYTEST_PARSERS,
     STATUS_OF_OUTCOME,
@@ -54,30 +62,71 @@ from conveyor.tasks.swe.swebench_spec import (
     row_test_command,
     wrap_command,
 )
+from conveyor.tasks.swe.test_command import pytest_invocation
 from conveyor.tasks.swe.test_run import TestOutcome, TestRun
 
 _LOG_TAIL = 4000
 
 
-async def run_logged(row: SweRow, workspace: Any, options: GradingOptions) -> tuple[str, bool]:
-    """(the log, whether the run timed out) of the row's test command over `workspace` (a
-    host folder) in the grading sandbox, with the row's test venv and importable project:
-    bubblewrap, or under runtime 'container' a container of the row's image with the workspace
-    at /testbed (`grading.container_test_runtime`: no network, the sandbox user, the limits)."""
+async def run_logged(
+    row: SweRow, workspace: Any, options: GradingOptions, template: Path | None = None
+) -> tuple[str, bool, TestRun | None]:
+    """(the log, whether the run timed out, the outcome channel's run or None) of the row's
+    test command over `workspace` (a host folder) in the grading sandbox, with the row's test
+    venv and importable project: bubblewrap, or under runtime 'container' a container of the
+    row's image with the workspace at /testbed (`grading.container_test_runtime`: no network,
+    the sandbox user, the limits). A pytest-parsed row whose command is one plain pytest run
+    (`test_command.pytest_invocation`) runs it through our bootstrap (`grading.run_in_channel`:
+    its arguments unchanged, the in-process defences on, the outcomes also on the channel);
+    any other command runs as written and has no channel."""
     from conveyor.tasks.swe.grading import (
         container_test_runtime,
+        declared_test_files,
         make_test_runtime,
         row_container,
         row_environment,
         row_metadata,
+        run_in_channel,
         test_env_vars,
     )
 
     env = await run_in_pool("reward", row_environment, row, options)
     metadata = await run_in_pool("reward", row_metadata, row, options)
     limits = SandboxLimits(memory_bytes=options.memory_bytes)
-    script = wrap_command(row_test_command(row))
-    command = f"bash -c {shlex.quote(script)} 2>&1"
+    command = row_test_command(row)
+    invocation = pytest_invocation(command) if parser_name(row) in PYTEST_PARSERS else None
+    if invocation is not None:
+        wrapper, arguments = invocation
+        start = shlex.join([str(env.python), "-I", *wrapper, str(env.bootstrap)])
+        container = None
+        if options.runtime == "container":
+            container = await run_in_pool("reward", row_container, row, options)
+        test_files = await run_in_pool("reward", declared_test_files, row, template)
+
+        def hardened(run_json: str, root: str) -> str:
+            body = f"{start} {shlex.quote(run_json)} {shlex.join(arguments)}"
+            # the script's stderr joins its stdout (the log); it exits with the tests' status
+            script = f"exec 2>&1\n{wrap_command(body)}\nexit ${EXIT_VAR}"
+            return f"bash -c {shlex.quote(script)}"
+
+        run, result = await run_in_channel(
+            workspace,
+            env,
+            hardened,
+            select=None,
+            pythonpath=row.env.pythonpath,
+            # as SWE-bench runs the command: no per-test alarm, the run's deadline holds
+            per_test_timeout_s=0.0,
+            run_timeout_s=options.run_timeout_s,
+            runtime_kind=options.runtime,
+            limits=limits,
+            metadata=metadata,
+            test_files=test_files,
+            container=container,
+        )
+        return result.stdout + result.stderr, result.timed_out, run
+    script = wrap_command(command)
+    line = f"bash -c {shlex.quote(script)} 2>&1"
     runtime: Runtime
     with tempfile.TemporaryDirectory(prefix="log-run-", dir=_runs_dir()) as run_dir:
         if options.runtime == "container":
@@ -93,10 +142,24 @@ async def run_logged(row: SweRow, workspace: Any, options: GradingOptions) -> tu
             )
         await started(runtime)
         try:
-            result = await runtime.exec(command, options.run_timeout_s)
+            result = await runtime.exec(line, options.run_timeout_s)
         finally:
             await runtime.close()
-    return result.stdout + result.stderr, result.timed_out
+    return result.stdout + result.stderr, result.timed_out, None
+
+
+def channel_disagrees(row: SweRow, statuses: dict[str, str], run: TestRun) -> str | None:
+    """Why the log's statuses cannot be the run's (a graded test or canary the log reports as
+    passing, PASSED or, as SWE-bench counts them, XFAIL or SKIPPED, that the outcome channel
+    reports otherwise: report lines forged in the test process), else None. Only a claimed
+    pass is checked: a log reporting worse than the channel hurts no one but the policy."""
+    for test, status in statuses.items():
+        if status not in ("PASSED", "XFAIL", "SKIPPED"):
+            continue
+        outcome = run.outcome(test).outcome
+        if STATUS_OF_OUTCOME.get(outcome) != status:
+            return f"the log reports {test} {status}, the outcome channel {outcome}"
+    return None
 
 
 def _runs_dir() -> Path:
@@ -139,12 +202,15 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
             return refused
         found = await canaries.row_canaries(row, options) if pytest_ids else []
         found = await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
-        log, timed_out = await run_logged(row, workspace.path, options)
+        log, timed_out, channel = await run_logged(row, workspace.path, options, template)
     finally:
         await run_in_pool("reward", workspace.remove)
     names = [n for c in found for n in (c.nodeid, c.real)]
     statuses, valid = read_statuses(row, log, names)
     forged = forged_report(row, log, names)
+    if forged is None and channel is not None:
+        graded = set([*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *names])
+        forged = channel_disagrees(row, {t: s for t, s in statuses.items() if t in graded}, channel)
     valid = valid and not timed_out and forged is None
     run = _as_run(statuses)
     check = canaries.check(found, run, options.semantics)
@@ -165,6 +231,11 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
             "failure code, or a non-zero exit status while the log reports no failure)"
         )
     tripped = [f"tampering: canary {n} passed (it must fail)" for n in check.tampered]
+    # the in-process defences' records, or a channel the test process broke: the policy's
+    broken = channel.violations[:20] if channel is not None else []
+    if broken:
+        valid = resolved = False
+        error = f"the test process broke the grading rules: {broken[0]}"
     if forged is not None:
         tripped.insert(0, f"tampering: forged test report: {forged}")
         error = tripped[0]
@@ -189,8 +260,10 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
         seconds=time.monotonic() - start,
         reward=reward,
         failing=[t for t in tests if outcomes[t] != "passed"][:50],
-        violations=tripped,
-        tampered=bool(tripped),
+        violations=broken + tripped,
+        tampered=bool(tripped)
+        or (channel is not None and channel.tampered)
+        or any(v.startswith("tampering") for v in broken),
         canaries=check.ran,
         error=error,
         outcomes=outcomes,

@@ -158,3 +158,38 @@ def _refusal(name: str, value: str | None) -> str | None:
     if name in _VALUED or name == "-r":
         return None
     return _REFUSED.get(name, "not a flag the grader accepts")
+
+
+def pytest_invocation(command: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(wrapper, arguments) of `command` when it is one plain pytest run, `python [wrapper]
+    -m pytest ARGS` or `pytest ARGS` on one line with no shell syntax, whose flags are all
+    accepted ones (`parse_test_command`'s rules; test paths are let through here): how the
+    log grader (`log_grading`) runs a SWE-bench-format row's own test command through our
+    bootstrap, its arguments unchanged. None for any other command (it then runs as written)."""
+    if any(char in command for char in "\n;&|<>$`()\\"):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if words[:1] == ["pytest"]:
+        words = ["python", "-m", *words]
+    at = next((i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None)
+    if not words or words[0] not in PYTHONS or at is None:
+        return None
+    rest = words[at + 2 :]
+    flags: list[str] = []
+    index = 0
+    while index < len(rest):
+        word = rest[index]
+        if word.startswith("-"):
+            flags.append(word)
+            if _split(word)[2] and index + 1 < len(rest):
+                index += 1
+                flags.append(rest[index])
+        index += 1
+    try:
+        _check_flags(command, flags)
+    except ValueError:
+        return None
+    return tuple(words[1:at]), tuple(rest)
