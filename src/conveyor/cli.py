@@ -621,16 +621,14 @@ def images_base(
     its tag is a hash of its recipe, so later calls find it. Prints its tag last."""
     from dataclasses import asdict
 
-    from conveyor.runtime.engine import engine_available, resolve_engine
+    from conveyor.runtime.engine import resolve_engine
     from conveyor.runtime.images import ImageBuildError, ensure_base_image
 
     try:
         oci = resolve_engine(engine)
     except ValueError as exc:
         _fail(str(exc))
-    ok, why = engine_available(oci)
-    if not ok:
-        _fail(f"{oci.name} is not usable here: {why}")
+    _engine_answers(oci)
     try:
         image = ensure_base_image(oci, force=force, say=typer.echo)
     except ImageBuildError as exc:
@@ -664,12 +662,10 @@ def images_build(
     Each is skipped when its tag (a hash of its inputs) is already in the engine's store. With
     runtime.image set (swe images pulled from a registry), nothing is built: the missing ones
     are listed and the exit code is 1."""
-    import time
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from conveyor.config import ConfigError, load_config
-    from conveyor.runtime.engine import engine_available, resolve_engine
+    from conveyor.runtime.engine import resolve_engine
     from conveyor.runtime.images import ImageBuildError
     from conveyor.tasks.family import build_families, options_services
 
@@ -688,10 +684,7 @@ def images_build(
     from conveyor.tasks.swe.images import ensure_row_image, missing_images
 
     settings = cfg.runtime
-    oci = resolve_engine(settings.engine)
-    ok, why = engine_available(oci)
-    if not ok:
-        _fail(f"{oci.name} is not usable here: {why}")
+    _engine_answers(resolve_engine(settings.engine))
     family = build_families(["swe"], settings, options_services(cfg.tasks.options))["swe"]
     rows = family.rows()  # type: ignore[attr-defined]
     began = time.monotonic()
@@ -699,13 +692,8 @@ def images_build(
         missing = missing_images(rows, settings)
         for instance, image in missing:
             typer.echo(f"missing: {instance}: {image}")
-        summary: dict[str, float] = {"images": len(rows), "built": 0}
-        summary |= {
-            "cached": len(rows) - len(missing),
-            "seconds": round(time.monotonic() - began, 1),
-            "missing": len(missing),
-        }
-        typer.echo(json.dumps(summary) if as_json else f"{len(missing)} of {len(rows)} missing")
+        cached = len(rows) - len(missing)
+        _images_summary(len(rows), 0, cached, began, as_json, missing=len(missing))
         raise typer.Exit(1 if missing else 0)
     built = cached = 0
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
@@ -723,14 +711,32 @@ def images_build(
             else:
                 cached += 1
             progress.advance(bar)
+    _images_summary(len(rows), built, cached, began, as_json)
+
+
+def _engine_answers(engine: Any) -> None:
+    """Exit 1 saying why when the OCI engine does not answer."""
+    from conveyor.runtime.engine import engine_available
+
+    ok, why = engine_available(engine)
+    if not ok:
+        _fail(f"{engine.name} is not usable here: {why}")
+
+
+def _images_summary(
+    images: int, built: int, cached: int, began: float, as_json: bool, missing: int = 0
+) -> None:
+    """`images build`'s last line: its JSON summary, or a sentence (with missing pulled images:
+    how many of them)."""
     seconds = round(time.monotonic() - began, 1)
-    summary = {"images": len(rows), "built": built, "cached": cached, "seconds": seconds}
-    summary["missing"] = 0
-    typer.echo(
-        json.dumps(summary)
-        if as_json
-        else (f"{len(rows)} task images: {built} built, {cached} already there ({seconds} s)")
-    )
+    summary = {"images": images, "built": built, "cached": cached, "seconds": seconds}
+    summary["missing"] = missing
+    if as_json:
+        typer.echo(json.dumps(summary))
+    elif missing:
+        typer.echo(f"{missing} of {images} missing")
+    else:
+        typer.echo(f"{images} task images: {built} built, {cached} already there ({seconds} s)")
 
 
 def _terminal_images(cfg: Any, as_json: bool) -> None:
@@ -738,15 +744,12 @@ def _terminal_images(cfg: Any, as_json: bool) -> None:
     import asyncio
 
     from conveyor.runtime.base import RuntimeFailure
-    from conveyor.runtime.engine import engine_available
     from conveyor.tasks.family import build_families, options_services
 
     family = build_families(["terminal"], cfg.runtime, options_services(cfg.tasks.options))
     runtimes = family["terminal"].image_runtimes()  # type: ignore[attr-defined]
     if runtimes:
-        ok, why = engine_available(runtimes[0].engine)
-        if not ok:
-            _fail(f"{runtimes[0].engine.name} is not usable here: {why}")
+        _engine_answers(runtimes[0].engine)
     began, built = time.monotonic(), 0
     for index, runtime in enumerate(runtimes, start=1):
         started = time.monotonic()
@@ -757,15 +760,7 @@ def _terminal_images(cfg: Any, as_json: bool) -> None:
         built += made
         how = f"built in {time.monotonic() - started:.1f} s" if made else "already built"
         typer.echo(f"[{index}/{len(runtimes)}] {runtime.image} ({how})", err=as_json)
-    seconds = round(time.monotonic() - began, 1)
-    summary: dict[str, float] = {"images": len(runtimes), "built": built}
-    summary |= {"cached": len(runtimes) - built, "seconds": seconds, "missing": 0}
-    typer.echo(
-        json.dumps(summary)
-        if as_json
-        else f"{len(runtimes)} task images: {built} built, {summary['cached']} already there "
-        f"({seconds} s)"
-    )
+    _images_summary(len(runtimes), built, len(runtimes) - built, began, as_json)
 
 
 @dev_app.command("graph")

@@ -146,12 +146,14 @@ def test_each_attack_scores_zero_on_factory_projects(
 # (not this toolz row's memoize tests); test_swe_canaries.py shows it paid on the tiny project.
 @pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "magic_equality"])
 def test_each_attack_is_paid_with_every_defence_off(
-    attack: str, tmp_path: Path, defences_off: None
+    attack: str, defences_off: None
 ) -> None:
-    """The adversaries are real: on the same toolz row, without the defences, each scores 1."""
+    """The adversaries are real: on the same toolz row, without the defences, each scores 1
+    through the RL path. (`conveyor tasks grade` reaches the same grader: the test above runs
+    every attack through both, defences on; proving each paid a second time, through the CLI,
+    cost ~45 s of CI and showed nothing the RL path does not.)"""
     row = factory_rows(*ATTACK_PROJECTS[0])[0]
     assert _rl(row, attack).reward == 1.0
-    assert _cli(row, attack, tmp_path)["resolved"] is True
 
 
 @pytest.mark.parametrize(
