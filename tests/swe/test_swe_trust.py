@@ -145,9 +145,7 @@ def test_each_attack_scores_zero_on_factory_projects(
 # The magic object pays only where a failing test compares the library's return value with ==
 # (not this toolz row's memoize tests); test_swe_canaries.py shows it paid on the tiny project.
 @pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "magic_equality"])
-def test_each_attack_is_paid_with_every_defence_off(
-    attack: str, defences_off: None
-) -> None:
+def test_each_attack_is_paid_with_every_defence_off(attack: str, defences_off: None) -> None:
     """The adversaries are real: on the same toolz row, without the defences, each scores 1
     through the RL path. (`conveyor tasks grade` reaches the same grader: the test above runs
     every attack through both, defences on; proving each paid a second time, through the CLI,
