@@ -23,7 +23,7 @@ from conveyor.tasks.swe.family import SweFamily
 from conveyor.tasks.swe.grading import grade, row_environment, row_template, run_tests
 from conveyor.tasks.swe.options import file_sha256, task_set_path
 from conveyor.tasks.swe.patches import apply_patch, file_diff
-from conveyor.tasks.swe.test_command import parse_test_command
+from conveyor.tasks.swe.test_command import parse_test_command, pytest_invocation
 from conveyor.types import FamilyServices
 
 AVAILABLE, WHY = bubblewrap_available()
@@ -164,6 +164,31 @@ def test_test_commands_take_report_flags_and_refuse_the_rest() -> None:
             parse_test_command(command)
     with pytest.raises(ValueError, match=r"(?s)test_cmd.*loads a plugin"):
         RowEnvironment(test_cmd="python -m pytest -p tinycalc.hack")
+
+
+def test_a_log_graded_rows_plain_pytest_command_is_read_for_the_bootstrap() -> None:
+    """`pytest_invocation`: a row's own one-line pytest run (the log grader starts it through
+    our bootstrap, test paths and all) splits into its wrapper and its arguments; a shell line,
+    another runner or a flag the grader refuses runs as written (None)."""
+    assert pytest_invocation("pytest -rA tests/test_a.py") == ((), ("-rA", "tests/test_a.py"))
+    assert pytest_invocation("python -m pytest --tb=no -p no:cacheprovider t.py") == (
+        (),
+        ("--tb=no", "-p", "no:cacheprovider", "t.py"),
+    )
+    wrapped = "python3 -m coverage run -m pytest -rA tests"
+    assert pytest_invocation(wrapped) == (("-m", "coverage", "run"), ("-rA", "tests"))
+    for command in [
+        "cd /testbed && python -m pytest -rA tests",
+        "python -m pytest -rA tests; echo done",
+        "python -m pytest -rA $TESTS",
+        "python -m pytest -rA tests\npython -m pytest other",
+        "tox --current-env -epy39 -v -- tests/test_a.py",
+        "python tests/runtests.py --verbosity 2",
+        "python -m pytest -n 4 tests",
+        "python -m pytest -p tinycalc.hack tests",
+        "python -m pytest 'unclosed",
+    ]:
+        assert pytest_invocation(command) is None, command
 
 
 def _flagged_row() -> SweRow:

@@ -233,8 +233,13 @@ def pytest_command(test_cmd: str, env: TestEnvironment) -> str:
     """`test_cmd` (`python -m pytest`, or a wrapper such as `python -m coverage run ... -m
     pytest`) made to start our bootstrap under `python -I` instead of pytest; the row's pytest
     flags (`test_command.parse_test_command`) go after the bootstrap's run file."""
-    command = parse_test_command(test_cmd)
-    return shlex.join([str(env.python), "-I", *command.wrapper, str(env.bootstrap)])
+    return bootstrap_command(parse_test_command(test_cmd).wrapper, env)
+
+
+def bootstrap_command(wrapper: Sequence[str], env: TestEnvironment) -> str:
+    """`python -I [wrapper ...] conveyor_pytest.py` of the test venv `env`: how the grader
+    starts pytest (its run file and pytest's arguments follow)."""
+    return shlex.join([str(env.python), "-I", *wrapper, str(env.bootstrap)])
 
 
 async def run_tests(

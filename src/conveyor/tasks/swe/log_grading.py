@@ -80,6 +80,7 @@ async def run_logged(
     its arguments unchanged, the in-process defences on, the outcomes also on the channel);
     any other command runs as written and has no channel."""
     from conveyor.tasks.swe.grading import (
+        bootstrap_command,
         container_test_runtime,
         declared_test_files,
         make_test_runtime,
@@ -97,7 +98,7 @@ async def run_logged(
     invocation = pytest_invocation(command) if parser_name(row) in PYTEST_PARSERS else None
     if invocation is not None:
         wrapper, arguments = invocation
-        start = shlex.join([str(env.python), "-I", *wrapper, str(env.bootstrap)])
+        start = bootstrap_command(wrapper, env)
         container = None
         if options.runtime == "container":
             container = await run_in_pool("reward", row_container, row, options)
@@ -148,7 +149,7 @@ async def run_logged(
     return result.stdout + result.stderr, result.timed_out, None
 
 
-def channel_disagrees(row: SweRow, statuses: dict[str, str], run: TestRun) -> str | None:
+def channel_disagrees(statuses: dict[str, str], run: TestRun) -> str | None:
     """Why the log's statuses cannot be the run's (a graded test or canary the log reports as
     passing, PASSED or, as SWE-bench counts them, XFAIL or SKIPPED, that the outcome channel
     reports otherwise: report lines forged in the test process), else None. Only a claimed
@@ -210,7 +211,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     forged = forged_report(row, log, names)
     if forged is None and channel is not None:
         graded = set([*row.FAIL_TO_PASS, *row.PASS_TO_PASS, *names])
-        forged = channel_disagrees(row, {t: s for t, s in statuses.items() if t in graded}, channel)
+        forged = channel_disagrees({t: s for t, s in statuses.items() if t in graded}, channel)
     valid = valid and not timed_out and forged is None
     run = _as_run(statuses)
     check = canaries.check(found, run, options.semantics)

@@ -83,11 +83,8 @@ class TestCommand:
 
 def parse_test_command(test_cmd: str) -> TestCommand:
     """`test_cmd` checked (see the module doc); `ValueError` naming what is wrong."""
-    words = shlex.split(test_cmd)
-    if words[:1] == ["pytest"]:  # as SWE-bench writes it: the same as `python -m pytest`
-        words = ["python", "-m", *words]
-    at = next((i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None)
-    if not words or words[0] not in PYTHONS or at is None:
+    words, at = _pytest_at(shlex.split(test_cmd))
+    if at is None:
         raise ValueError(
             f"test command {test_cmd!r}: expected 'python [-m wrapper ...] -m pytest [flags]' "
             "(the grader starts pytest through its own bootstrap)"
@@ -95,6 +92,17 @@ def parse_test_command(test_cmd: str) -> TestCommand:
     flags = words[at + 2 :]
     _check_flags(test_cmd, flags)
     return TestCommand(tuple(words[1:at]), tuple(flags))
+
+
+def _pytest_at(words: list[str]) -> tuple[list[str], int | None]:
+    """(`words` with a leading `pytest` read as `python -m pytest`, as SWE-bench writes it; the
+    index of their `-m pytest`, or None when they are not `python [...] -m pytest ...`)."""
+    if words[:1] == ["pytest"]:
+        words = ["python", "-m", *words]
+    at = next((i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None)
+    if not words or words[0] not in PYTHONS:
+        return words, None
+    return words, at
 
 
 def _check_flags(test_cmd: str, flags: list[str]) -> None:
@@ -169,13 +177,10 @@ def pytest_invocation(command: str) -> tuple[tuple[str, ...], tuple[str, ...]] |
     if any(char in command for char in "\n;&|<>$`()\\"):
         return None
     try:
-        words = shlex.split(command)
+        words, at = _pytest_at(shlex.split(command))
     except ValueError:
         return None
-    if words[:1] == ["pytest"]:
-        words = ["python", "-m", *words]
-    at = next((i for i in range(1, len(words) - 1) if words[i : i + 2] == ["-m", "pytest"]), None)
-    if not words or words[0] not in PYTHONS or at is None:
+    if at is None:
         return None
     rest = words[at + 2 :]
     flags: list[str] = []
