@@ -286,3 +286,16 @@ def test_the_log_forgeries_are_paid_without_the_in_process_defences(
     for attack in LOG_FORGERIES:
         row, arguments = _exported_attack(attack)
         assert edited_rollout_reward(row, [arguments]).reward == 1.0, attack
+
+
+def test_a_log_run_void_at_a_limit_says_which() -> None:
+    """A test the bug makes loop ends the log run at the whole-run deadline or, on an idle
+    machine, at the sandbox's CPU-time limit (the command dies of SIGXCPU, exit 152, before
+    pytest's summary): either is named, so the parity check compares verdicts only there
+    (a 20-row parity run on an idle machine reported 761 MISSING statuses as disagreements)."""
+    from conveyor.tasks.swe.log_grading import CPU_LIMIT, TIMED_OUT, void_run
+
+    log = ">>>>> Start Test Output\n...\n>>>>> End Test Output\n>>>>> Test Exit Code: 152\n"
+    assert void_run(log, timed_out=False) == f"{CPU_LIMIT} (exit 152, SIGXCPU)"
+    assert void_run(log, timed_out=True) == TIMED_OUT
+    assert void_run(log.replace("152", "1"), timed_out=False) is None

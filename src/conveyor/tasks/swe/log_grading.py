@@ -34,6 +34,7 @@ for F2P and SKIPPED for P2P: the `swebench` semantics take its verdict as it is)
 from __future__ import annotations
 
 import shlex
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ from conveyor.tasks.swe.environment import swe_home
 from conveyor.tasks.swe.images import TESTBED
 from conveyor.tasks.swe.options import GradingOptions
 from conveyor.tasks.swe.swebench_spec import (
+    EXIT_CODE,
     EXIT_VAR,
     OUTCOME_OF_STATUS,
     PYTEST_PARSERS,
@@ -163,6 +165,24 @@ def channel_disagrees(statuses: dict[str, str], run: TestRun) -> str | None:
     return None
 
 
+TIMED_OUT = "test run timed out"
+CPU_LIMIT = "test run hit its CPU-time limit"
+_CPU_KILLED = f"{EXIT_CODE}: {128 + signal.SIGXCPU}"
+
+
+def void_run(log: str, timed_out: bool) -> str | None:
+    """Why the log run ended void by a limit, else None: the whole-run deadline (`TIMED_OUT`),
+    or the sandbox's CPU-time limit (`CPU_LIMIT`: the test command died of SIGXCPU, as a test
+    the bug makes loop does when the machine is idle enough to spend its CPU seconds before the
+    deadline). Either way the run reported no summary (scored as the policy's: not resolved);
+    the parity check then compares verdicts only."""
+    if timed_out:
+        return TIMED_OUT
+    if any(line.strip() == _CPU_KILLED for line in log.splitlines()):
+        return f"{CPU_LIMIT} (exit {128 + signal.SIGXCPU}, SIGXCPU)"
+    return None
+
+
 def _runs_dir() -> Path:
     folder = swe_home() / "grades"
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,10 +243,8 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
         resolved = resolved and all(
             statuses.get(t) == "PASSED" for t in [*row.FAIL_TO_PASS, *row.PASS_TO_PASS]
         )
-    error = None
-    if timed_out:
-        error = "test run timed out"
-    elif not valid:
+    error = void_run(log, timed_out)
+    if error is None and not valid:
         error = (
             "no valid test log (swebench's get_logs_eval refused it: markers missing, a "
             "failure code, or a non-zero exit status while the log reports no failure)"
@@ -236,7 +254,8 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
     broken = channel.violations[:20] if channel is not None else []
     if broken:
         valid = resolved = False
-        error = f"the test process broke the grading rules: {broken[0]}"
+        if not (error or "").startswith(CPU_LIMIT):  # a run killed by its limit: said so
+            error = f"the test process broke the grading rules: {broken[0]}"
     if forged is not None:
         tripped.insert(0, f"tampering: forged test report: {forged}")
         error = tripped[0]

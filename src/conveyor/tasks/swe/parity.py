@@ -23,7 +23,7 @@ def status(outcome: str) -> str:
 async def parity_case(row: SweRow, patch: str, options: GradingOptions) -> dict[str, Any]:
     """One row and patch graded both ways, and where they differ."""
     from conveyor.tasks.swe.grading import grade_pytest
-    from conveyor.tasks.swe.log_grading import grade_log
+    from conveyor.tasks.swe.log_grading import CPU_LIMIT, TIMED_OUT, grade_log
 
     ours = await grade_pytest(row, patch, options)
     theirs = await grade_log(row, patch, options)
@@ -33,9 +33,9 @@ async def parity_case(row: SweRow, patch: str, options: GradingOptions) -> dict[
         if status(ours.outcomes.get(test, "")) != status(theirs.outcomes.get(test, ""))
     }
     # A test that hangs fails in our grader at its per-test timeout; the harness has only a
-    # whole-run timeout (as SWE-bench's), so its run ends void and names no test: then only
-    # the verdicts can be compared.
-    hung = theirs.error == "test run timed out"
+    # whole-run timeout (as SWE-bench's) and the sandbox's CPU-time limit, so its run ends
+    # void at one of them and names no test: then only the verdicts can be compared.
+    hung = (theirs.error or "").startswith((TIMED_OUT, CPU_LIMIT))
     return {
         "instance_id": row.instance_id,
         "ours": ours.resolved,
@@ -54,7 +54,8 @@ async def parity_report(
     say: Callable[[str], Any] = lambda _: None,
 ) -> dict[str, Any]:
     """Every row x {gold, empty}: `{"cases", "agree", "ok", "gold": {...}, "empty": {...},
-    "ours_resolved", "theirs_resolved", "tests_compared", "log_runs_timed_out",
+    "ours_resolved", "theirs_resolved", "tests_compared", "log_runs_timed_out" (log runs void
+    at the whole-run deadline or the sandbox's CPU-time limit: verdicts compared, not tests),
     "disagreements", "seconds"}`. `options` default: the `swebench` semantics and the grader's
     900 s whole-run limit (a test the bug makes hang holds the log run that long; 300 s
     timed a whole pyparsing run out on a loaded machine)."""
