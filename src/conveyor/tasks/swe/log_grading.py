@@ -47,7 +47,7 @@ from conveyor.runtime.selection import started
 from conveyor.runtime.workspace import make_workspace
 from conveyor.tasks.swe import canaries
 from conveyor.tasks.swe.dataset import SweRow
-from conveyor.tasks.swe.environment import swe_home
+from conveyor.tasks.swe.environment import TestEnvironment, swe_home
 from conveyor.tasks.swe.images import TESTBED
 from conveyor.tasks.swe.options import GradingOptions
 from conveyor.tasks.swe.swebench_spec import (
@@ -71,7 +71,11 @@ _LOG_TAIL = 4000
 
 
 async def run_logged(
-    row: SweRow, workspace: Any, options: GradingOptions, template: Path | None = None
+    row: SweRow,
+    workspace: Any,
+    options: GradingOptions,
+    template: Path | None = None,
+    env: TestEnvironment | None = None,
 ) -> tuple[str, bool, TestRun | None]:
     """(the log, whether the run timed out, the outcome channel's run or None) of the row's
     test command over `workspace` (a host folder) in the grading sandbox, with the row's test
@@ -80,7 +84,8 @@ async def run_logged(
     the sandbox user, the limits). A pytest-parsed row whose command is one plain pytest run
     (`test_command.pytest_invocation`) runs it through our bootstrap (`grading.run_in_channel`:
     its arguments unchanged, the in-process defences on, the outcomes also on the channel);
-    any other command runs as written and has no channel."""
+    any other command runs as written and has no channel. `env`: the row's test environment
+    (`grading.row_environment`) where the caller already has it."""
     from conveyor.tasks.swe.grading import (
         bootstrap_command,
         container_test_runtime,
@@ -93,7 +98,8 @@ async def run_logged(
         test_env_vars,
     )
 
-    env = await run_in_pool("reward", row_environment, row, options)
+    if env is None:
+        env = await run_in_pool("reward", row_environment, row, options)
     metadata = await run_in_pool("reward", row_metadata, row, options)
     limits = SandboxLimits(memory_bytes=options.memory_bytes)
     command = row_test_command(row)
@@ -223,7 +229,7 @@ async def grade_log(row: SweRow, patch: str, options: GradingOptions | None = No
             return refused
         found = await canaries.row_canaries(row, options) if pytest_ids else []
         found = await run_in_pool("reward", canaries.insert_canaries, workspace.path, found)
-        log, timed_out, channel = await run_logged(row, workspace.path, options, template)
+        log, timed_out, channel = await run_logged(row, workspace.path, options, template, env)
     finally:
         await run_in_pool("reward", workspace.remove)
     names = [n for c in found for n in (c.nodeid, c.real)]
